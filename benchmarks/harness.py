@@ -1,0 +1,428 @@
+"""Shared benchmark harness: timing, bandwidth, host cost, result records and output.
+
+Every ``bench_<op>.py`` uses these helpers so all ops are measured the same way (DESIGN.md §5):
+GPU kernels are timed with ``triton.testing.do_bench`` (median) or CUDA events, CPU code with
+``torch.utils.benchmark.Timer``; bandwidth is reported against a device-to-device copy measured in the
+same run; CPU figures are reported as ratios only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+DTYPES: dict[str, torch.dtype] = {
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "i32": torch.int32,
+    "i64": torch.int64,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+MiB = 1 << 20
+GPU_COPY_MIN_BYTES = 256 * MiB  # DESIGN §5: bandwidth figures need buffers far larger than L2 (50 MB on H200).
+CPU_COPY_MIN_BYTES = 64 * MiB  # well past the last-level cache of a typical CPU.
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+
+
+def make_parser(description: str, default_dtypes: Sequence[str] = ("f32", "bf16", "f16")) -> argparse.ArgumentParser:
+    """The options every bench script shares; scripts may add their own before parsing."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where to run (default: cuda if available)",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes only: a smoke run that finishes fast")
+    p.add_argument(
+        "--dtypes",
+        default=",".join(default_dtypes),
+        help=f"comma-separated subset of {','.join(DTYPES)} (default: %(default)s)",
+    )
+    p.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where JSON/PNG go (default: %(default)s)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,  # torch Timer's own default; several threads on a busy small machine stall on each other
+        help="CPU threads for timed code (default: %(default)s)",
+    )
+    return p
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate: resolves ``args.dtypes`` to a list of torch dtypes."""
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.dtypes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in DTYPES]
+    if unknown or not names:
+        parser.error(f"--dtypes: unknown {unknown}, choose from {list(DTYPES)}")
+    args.dtypes = [DTYPES[n] for n in names]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but no CUDA device is visible")
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+    torch.set_num_threads(args.threads)  # also what the CPU timer uses, see time_ms
+    return args
+
+
+# ----------------------------------------------------------------------------------------------- timing
+
+
+def _triton_do_bench() -> Callable[..., float] | None:
+    # Imported lazily: triton is optional and its import is slow.
+    try:
+        from triton.testing import do_bench
+    except Exception:  # ImportError, or a triton that cannot initialise on this machine
+        return None
+    return do_bench
+
+
+def _cuda_events_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> float:
+    """do_bench's method without triton: flush L2, time each call with events, take the median."""
+    flush = torch.empty(GPU_COPY_MIN_BYTES, dtype=torch.int8, device="cuda")  # evicts L2 so every rep is cold
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 5, 1e-3)
+    n_warm, n_rep = max(1, int(warmup_ms / est)), max(10, int(rep_ms / est))
+    for _ in range(n_warm):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def time_ms(fn: Callable[[], Any], device: str, *, quick: bool = False) -> float:
+    """Median time of one ``fn()`` call in milliseconds (device time on CUDA, wall time on CPU)."""
+    if device == "cuda":
+        warmup, rep = (10, 40) if quick else (25, 100)
+        do_bench = _triton_do_bench()
+        if do_bench is not None:
+            return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+        return _cuda_events_ms(fn, warmup, rep)
+    import torch.utils.benchmark as torch_benchmark  # lazy: it pulls in cpp_extension, which GPU runs never need
+
+    fn()  # first call pays one-off costs (allocation, dispatch caches) outside the measurement
+    # num_threads: Timer defaults to 1 thread; measure with the process setting (--threads) instead.
+    timer = torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=0.05 if quick else 0.2).median * 1e3
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def host_cost_us(
+    fn: Callable[[], Any], device: str, *, calls: int = 1000, rounds: int = 7, warmup: int = 100
+) -> float:
+    """Host (dispatch + launch) cost of one call in µs: wall time of ``calls`` back-to-back calls / calls.
+
+    On CUDA the calls are only enqueued and the stream is synchronised once per round, so for tiny inputs the
+    GPU keeps up and the wall time is the CPU-side cost. Median over ``rounds`` rounds.
+    """
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside a round would be charged to whichever op ran then
+    try:
+        per_call: list[float] = []
+        for _ in range(rounds):
+            synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            synchronize(device)
+            per_call.append((time.perf_counter() - t0) / calls)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return statistics.median(per_call) * 1e6
+
+
+def copy_bandwidth(device: str, nbytes: int, *, quick: bool = False) -> float:
+    """Bytes/s of ``dst.copy_(src)`` on ``device`` for an ``nbytes`` buffer, counting bytes read + written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 256)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device, quick=quick)
+    del src, dst
+    free_memory(device)
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def free_memory(device: str) -> None:
+    """Return cached blocks between sizes so large shapes never fail on fragmentation (CPU frees on refcount)."""
+    if device == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+
+def rand(shape: Sequence[int], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Random test data of any supported dtype (never zeros/ones, which can hide bugs or fast paths)."""
+    if dtype.is_floating_point:
+        return torch.randn(*shape, dtype=dtype, device=device)
+    return torch.randint(-1000, 1000, tuple(shape), dtype=dtype, device=device)
+
+
+def pow2_label(n: int) -> str:
+    """``2^k`` when n is a power of two, else the number itself."""
+    return f"2^{n.bit_length() - 1}" if n > 0 and n & (n - 1) == 0 else str(n)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def tbps(nbytes: int, ms: float) -> float:
+    """Terabytes (1e12 bytes) per second moved by ``nbytes`` in ``ms`` milliseconds."""
+    return nbytes / (ms * 1e-3) / 1e12
+
+
+def pct_of(bandwidth: float, reference: float) -> float:
+    """``bandwidth`` as a percentage of ``reference`` (same units)."""
+    return 100.0 * bandwidth / reference
+
+
+def speedup(baseline_ms: float, ms: float) -> float:
+    """How many times faster than the baseline (> 1 is faster)."""
+    return baseline_ms / ms
+
+
+def geomean(xs: Iterable[float]) -> float:
+    vals = list(xs)
+    return math.exp(sum(math.log(x) for x in vals) / len(vals)) if vals else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+@dataclasses.dataclass
+class Result:
+    """One measurement. ``speedup`` is relative to ``baseline`` measured on the same tensors in the same run."""
+
+    op: str  # e.g. "vector_add"
+    case: str  # layout / variant, e.g. "contiguous", "transposed", "host-cost fwd"
+    dtype: str  # short name, e.g. "bf16"
+    shape: str  # human label, e.g. "2^28" or "16384x16384"
+    numel: int  # for sorting and plotting
+    impl: str  # who ran it, e.g. "torchops", "torch.add"
+    device: str
+    ms: float  # median time per call in milliseconds
+    nbytes: int | None = None  # bytes that must move (each input read once + each output written once)
+    tbps: float | None = None
+    pct_copy: float | None = None  # % of the copy bandwidth measured in the same run
+    speedup: float | None = None
+    baseline: str | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def bandwidth_result(
+    *, op: str, case: str, dtype: torch.dtype, shape: str, numel: int, impl: str, device: str, ms: float,
+    nbytes: int, copy_bps: float, baseline: str | None = None, baseline_ms: float | None = None,
+) -> Result:
+    """A Result with TB/s, % of copy and speedup filled in from a byte count and a time."""
+    bw = tbps(nbytes, ms)
+    return Result(
+        op=op, case=case, dtype=DTYPE_NAMES.get(dtype, str(dtype)), shape=shape, numel=numel, impl=impl,
+        device=device, ms=ms, nbytes=nbytes, tbps=bw, pct_copy=pct_of(bw * 1e12, copy_bps),
+        speedup=None if baseline_ms is None else speedup(baseline_ms, ms), baseline=baseline,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    try:  # /proc/cpuinfo names the CPU model on Linux; platform.processor() is often empty there
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _command_line() -> str:
+    """How this run was started, as one would retype it (``python -m pkg.mod`` when run as a module)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["-m", spec.name] if spec is not None else [sys.argv[0]]
+    return shlex.join([Path(sys.executable).name, *head, *sys.argv[1:]])
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Everything RESULTS.md needs to say where a number came from."""
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "device_name": _device_name(device),
+        "gpu": _device_name("cuda") if device == "cuda" else None,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "command": _command_line(),
+    }
+    try:
+        import torchops
+
+        info["torchops_build"] = torchops.build_info()
+    except Exception as e:  # record why instead of failing the whole run over metadata
+        info["torchops_build"] = f"unavailable: {e!r}"
+    if device == "cuda":
+        info["timer"] = "triton.testing.do_bench" if _triton_do_bench() else "cuda events"
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except Exception:
+            info["triton"] = None
+    else:
+        info["timer"] = "torch.utils.benchmark.Timer.blocked_autorange"
+    return info
+
+
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    return "–" if x is None else f"{x:{spec}}{suffix}"
+
+
+def markdown_table(results: Sequence[Result], *, ratios_only: bool) -> str:
+    """Long-format table; absolute times/bandwidths are left out when ``ratios_only`` (CPU runs)."""
+    cols = ["op", "case", "dtype", "shape", "impl"]
+    if not ratios_only:
+        cols += ["time (µs)", "TB/s"]
+    cols += ["% copy", "speedup"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in results:
+        row = [r.op, r.case, r.dtype, r.shape, r.impl]
+        if not ratios_only:
+            row += [_fmt(r.ms * 1e3, ".2f"), _fmt(r.tbps, ".3f")]
+        vs = "–" if r.speedup is None else f"{r.speedup:.3f}× vs {r.baseline}"
+        row += [_fmt(r.pct_copy, ".1f", "%"), vs]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _plot(results: Sequence[Result], path: Path, *, ratios_only: bool, title: str, copy_tbps: float | None) -> bool:
+    """Bandwidth (GPU) or speedup (CPU) against size, one panel per (op, case). False if matplotlib is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # headless machines have no display
+        import matplotlib.pyplot as plt
+    except Exception:
+        return False
+    metric = "speedup" if ratios_only else "tbps"
+    panels: dict[tuple[str, str], list[Result]] = {}
+    for r in results:
+        # In ratio plots the baseline is the flat line at 1 drawn below, not a curve of its own.
+        if getattr(r, metric) is not None and not (ratios_only and r.impl == r.baseline):
+            panels.setdefault((r.op, r.case), []).append(r)
+    panels = {k: v for k, v in panels.items() if len({r.numel for r in v}) >= 2}  # a single point is no curve
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, ((op, case), rows) in zip(axes[0], panels.items()):
+        lines: dict[str, list[Result]] = {}
+        for r in rows:
+            lines.setdefault(f"{r.impl} {r.dtype}", []).append(r)
+        for label, pts in sorted(lines.items()):
+            pts.sort(key=lambda r: r.numel)
+            ax.plot([r.numel for r in pts], [getattr(r, metric) for r in pts], marker="o", label=label)
+        ref = (1.0, f"{rows[0].baseline} (baseline)") if ratios_only else (copy_tbps, "device copy")
+        if ref[0] is not None:
+            ax.axhline(ref[0], color="black", linestyle="--", linewidth=1, label=ref[1])
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{op} {case}")
+        ax.set_xlabel("elements")
+        ax.set_ylabel("speedup vs baseline" if ratios_only else "TB/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def emit(
+    results: Sequence[Result],
+    name: str,
+    *,
+    out_dir: Path | None = None,
+    summary: str = "",
+    meta: dict[str, Any] | None = None,
+    ratios_only: bool | None = None,
+) -> None:
+    """Write ``<out_dir>/<name>.json`` (+ ``.png`` when matplotlib imports), then print the Markdown table.
+
+    The table (and ``summary`` after it) is printed last so it is what a reader sees at the end of the log.
+    ``ratios_only`` defaults to True when every result is from the CPU (DESIGN §5: CPU numbers are ratios).
+    """
+    out_dir = Path(out_dir) if out_dir is not None else RESULTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if any(r.device == "cuda" for r in results) else "cpu"
+    if ratios_only is None:
+        ratios_only = device == "cpu"
+    env = environment(device)
+    doc = {
+        "name": name,
+        "env": env,
+        "ratios_only": ratios_only,
+        "meta": meta or {},
+        "summary": summary,
+        "results": [dataclasses.asdict(r) for r in results],
+    }
+    json_path = out_dir / f"{name}.json"
+    json_path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"wrote {json_path}", file=sys.stderr)
+    png_path = out_dir / f"{name}.png"
+    try:  # the plot is a convenience: it must never cost the measured numbers or the exit status
+        title = f"{name} on {env['device_name']}"
+        copy_tbps = (meta or {}).get("copy_tbps")  # drawn as the roofline of bandwidth plots
+        if _plot(results, png_path, ratios_only=ratios_only, title=title, copy_tbps=copy_tbps):
+            print(f"wrote {png_path}", file=sys.stderr)
+    except Exception as e:
+        print(f"plot skipped: {e!r}", file=sys.stderr)
+    sys.stderr.flush()  # keep the table after the file notices in a combined log
+    print(f"\n## {name} — {env['device_name']}, torch {env['torch']}, {env['date']}\n")
+    print(markdown_table(results, ratios_only=ratios_only))
+    if summary:
+        print(f"\n{summary}")
+    sys.stdout.flush()

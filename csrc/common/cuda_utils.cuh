@@ -1,0 +1,130 @@
+// CUDA scaffolding shared by every kernel: launch configuration sized from the SM count, 16-byte vector
+// access with alignment checks, fast index division for strided kernels, and launch error checks.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "strided.h"
+
+namespace torchops {
+namespace cuda {
+
+#define TORCHOPS_CUDA_LAUNCH_CHECK() C10_CUDA_KERNEL_LAUNCH_CHECK()
+
+constexpr int kVectorBytes = 16;
+
+// SM count of the current device, queried once per device (cudaGetDeviceProperties is slow).
+inline int sm_count() {
+  static std::array<int, 64> cached{};
+  const int device = c10::cuda::current_device();
+  if (device < static_cast<int>(cached.size()) && cached[device] > 0) return cached[device];
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  if (device < static_cast<int>(cached.size())) cached[device] = count;
+  return count;
+}
+
+// Blocks for a grid-stride kernel: enough to cover `work_items` once (each block takes
+// `items_per_block`), capped at `blocks_per_sm` resident blocks per SM so a huge tensor doesn't launch
+// millions of short-lived blocks. 64-bit throughout: tensors may exceed 2^31 elements.
+inline unsigned int grid_size(int64_t work_items, int64_t items_per_block, int blocks_per_sm) {
+  const int64_t needed = (work_items + items_per_block - 1) / items_per_block;
+  const int64_t cap = static_cast<int64_t>(sm_count()) * blocks_per_sm;
+  return static_cast<unsigned int>(std::max<int64_t>(1, std::min(needed, cap)));
+}
+
+inline bool is_aligned(const void* ptr, int bytes = kVectorBytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+// kN elements of T packed into one 16-byte (or smaller) access.
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN) AlignedVector {
+  T val[kN];
+};
+
+template <typename T>
+constexpr int vector_size() {
+  return kVectorBytes / sizeof(T);
+}
+
+template <typename T, int kN>
+__device__ __forceinline__ AlignedVector<T, kN> load_vector(const T* base, int64_t vector_index) {
+  return reinterpret_cast<const AlignedVector<T, kN>*>(base)[vector_index];
+}
+
+template <typename T, int kN>
+__device__ __forceinline__ void store_vector(T* base, int64_t vector_index, const AlignedVector<T, kN>& v) {
+  reinterpret_cast<AlignedVector<T, kN>*>(base)[vector_index] = v;
+}
+
+// Unsigned 32-bit division by a divisor fixed at launch, as a multiply-high and a shift
+// (Granlund & Montgomery). Exact for dividends below 2^31, which the 32-bit index paths guarantee.
+struct FastDivmod {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 0;
+  uint32_t shift = 0;
+
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t d) : divisor(d) {
+    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
+    multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return (__umulhi(n, multiplier) + n) >> shift;
+  }
+};
+
+// Per-operand element offsets of a linear index in a StridedLayout, for use inside kernels.
+template <int kOperands>
+struct OffsetCalculator {
+  int ndim;
+  FastDivmod divmods[kMaxDims];
+  int64_t sizes[kMaxDims];
+  int64_t strides[kMaxDims][kOperands];
+
+  explicit OffsetCalculator(const StridedLayout<kOperands>& layout) : ndim(layout.ndim) {
+    for (int d = 0; d < ndim; ++d) {
+      sizes[d] = layout.sizes[d];
+      // Only used when every size (and the total) fits the 32-bit path.
+      divmods[d] = FastDivmod(static_cast<uint32_t>(std::min<int64_t>(layout.sizes[d], UINT32_MAX)));
+      for (int k = 0; k < kOperands; ++k) strides[d][k] = layout.strides[k][d];
+    }
+  }
+
+  // 32-bit path: linear < 2^31.
+  __device__ __forceinline__ void offsets(uint32_t linear, int64_t (&out)[kOperands]) const {
+#pragma unroll
+    for (int k = 0; k < kOperands; ++k) out[k] = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      const uint32_t q = divmods[d].div(linear);
+      const int64_t r = linear - q * divmods[d].divisor;
+#pragma unroll
+      for (int k = 0; k < kOperands; ++k) out[k] += r * strides[d][k];
+      linear = q;
+    }
+  }
+
+  // 64-bit path for tensors of 2^31 elements or more.
+  __device__ __forceinline__ void offsets(int64_t linear, int64_t (&out)[kOperands]) const {
+#pragma unroll
+    for (int k = 0; k < kOperands; ++k) out[k] = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      const int64_t q = linear / sizes[d];
+      const int64_t r = linear - q * sizes[d];
+#pragma unroll
+      for (int k = 0; k < kOperands; ++k) out[k] += r * strides[d][k];
+      linear = q;
+    }
+  }
+};
+
+}  // namespace cuda
+}  // namespace torchops

@@ -1,0 +1,33 @@
+// Front halves of binary elementwise ops (vector_add, swiglu, ...), shared by the CPU and CUDA
+// backends: validate, allocate or validate the output, then hand (a, b, out) to the backend's kernel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <initializer_list>
+
+#include "checks.h"
+
+namespace torchops {
+
+// `kernel(a, b, out)` must write every element of `out` (a new dense tensor of a's shape).
+template <typename Kernel>
+at::Tensor binary_elementwise(const char* op, NamedTensor a, NamedTensor b,
+                              std::initializer_list<at::ScalarType> dtypes, Kernel&& kernel) {
+  check_elementwise(op, {a, b}, dtypes);
+  at::Tensor out = at::empty(a.tensor.sizes(), a.tensor.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() > 0) kernel(a.tensor, b.tensor, out);
+  return out;
+}
+
+// out= form: `out` must match a and b exactly (no resizing) and may alias either of them exactly.
+template <typename Kernel>
+void binary_elementwise_out(const char* op, NamedTensor a, NamedTensor b, NamedTensor out,
+                            std::initializer_list<at::ScalarType> dtypes, Kernel&& kernel) {
+  check_elementwise(op, {a, b, out}, dtypes);
+  check_out_overlap(op, out, {a, b});
+  if (out.tensor.numel() > 0) kernel(a.tensor, b.tensor, out.tensor);
+}
+
+}  // namespace torchops

@@ -1,0 +1,18 @@
+"""Fake kernels for myns::vector_add and myns::vector_add_out."""
+
+from __future__ import annotations
+
+import torch
+
+from meta_kernels._checks import FLOAT_AND_INT_DTYPES, check_elementwise
+
+
+@torch.library.register_fake("myns::vector_add")
+def vector_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    check_elementwise("vector_add", [("a", a), ("b", b)], FLOAT_AND_INT_DTYPES)
+    return a.new_empty(a.shape)  # dense, like the real kernels' output
+
+
+@torch.library.register_fake("myns::vector_add_out")
+def vector_add_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    check_elementwise("vector_add_out", [("a", a), ("b", b), ("out", out)], FLOAT_AND_INT_DTYPES)

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One command for a CUDA machine (the H200 through the device tool, torch preinstalled, no network):
+# build from source with all cores, run the whole test suite (CUDA included), run the benchmarks, and
+# print a short summary last. Logs and JSON go under $OUT (or ./gpu_check_out).
+#
+#   scripts/gpu_check.sh [--sanitize] [--no-bench] [--quick-bench] [--tests "PYTEST ARGS"] [--bench "ARGS"]
+#
+#   --sanitize     also run the CUDA kernel tests under compute-sanitizer memcheck and racecheck
+#   --no-bench     skip benchmarks;  --quick-bench: benchmarks with --quick
+#   --tests ARGS   pytest selection/args instead of the whole suite (e.g. "-k cuda")
+#   --bench ARGS   extra args for benchmarks/run_all.py (e.g. "--only vector_add")
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+SANITIZE=0; BENCH=1; BENCH_ARGS=""; TEST_ARGS="tests"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) SANITIZE=1 ;;
+    --no-bench) BENCH=0 ;;
+    --quick-bench) BENCH_ARGS="$BENCH_ARGS --quick" ;;
+    --bench) BENCH_ARGS="$BENCH_ARGS $2"; shift ;;
+    --tests) TEST_ARGS="$2"; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+OUT=${OUT:-$PWD/gpu_check_out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+summary=()
+status=0
+note() { summary+=("$1"); echo "== $1"; }
+
+# Python packages the machine lacks (e.g. expecttest) travel as wheels in .whl/.
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/torchops-site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site"
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+
+# ---- build: in place, against this machine's torch, failing if CUDA can't be built.
+t0=$(date +%s)
+if MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} TORCHOPS_FORCE_CUDA=1 \
+    $PY setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
+  note "build: ok ($(( $(date +%s) - t0 )) s) $($PY -c 'import torchops; print(torchops.build_info())' 2>&1 | tail -1)"
+else
+  tail -40 "$OUT/build.log"
+  note "build: FAILED (see build.log)"
+  printf '%s\n' "${summary[@]}"
+  exit 1
+fi
+grep -E "registers|spill" "$OUT/build.log" | head -40 >"$OUT/ptxas.txt" || true
+
+# ---- tests
+t0=$(date +%s)
+$PY -m pytest $TEST_ARGS -q -rfEs --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && status=1 && grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
+note "tests: $(tail -1 "$OUT/tests.log") (rc $rc, $(( $(date +%s) - t0 )) s)"
+
+# ---- sanitizers: the CUDA kernel tests only (compile/export paths add nothing under a memory checker).
+if [ $SANITIZE -eq 1 ]; then
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # each allocation exact-sized, so an overrun leaves it
+  for tool in memcheck racecheck; do
+    t0=$(date +%s)
+    compute-sanitizer --tool $tool --error-exitcode 3 --print-limit 20 \
+      $PY -m pytest tests/test_ops.py tests/test_cuda.py tests/test_vector_add.py -q -k "cuda and not 2_pow_31" \
+      >"$OUT/sanitize-$tool.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    note "sanitize $tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1) | $(grep -E 'passed|failed' "$OUT/sanitize-$tool.log" | tail -1) (rc $rc, $(( $(date +%s) - t0 )) s)"
+  done
+  unset PYTORCH_NO_CUDA_MEMORY_CACHING
+fi
+
+# ---- benchmarks
+if [ $BENCH -eq 1 ]; then
+  t0=$(date +%s)
+  $PY benchmarks/run_all.py --device cuda --out-dir "$OUT" $BENCH_ARGS >"$OUT/bench.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  note "bench: rc $rc ($(( $(date +%s) - t0 )) s)"
+  grep -E "^Summary" "$OUT/bench.log" | while read -r line; do note "$line"; done
+fi
+
+echo
+echo "================ gpu_check summary ================"
+printf '%s\n' "${summary[@]}"
+exit $status

@@ -1,0 +1,126 @@
+"""Build torchops._C: a CUDAExtension when nvcc and a CUDA-enabled torch are present, else a CppExtension.
+
+Environment:
+  TORCHOPS_FORCE_CUDA=1   fail instead of falling back to a CPU-only build when CUDA is missing
+  TORCH_CUDA_ARCH_LIST    GPU archs to build for (e.g. "9.0"); unset with no GPU visible -> 9.0
+  CUDA_HOME               CUDA toolkit root; defaults to /usr/local/cuda when nvcc lives there
+  DEBUG=1                 -O0 -g instead of -O3
+  MAX_JOBS                parallel compile jobs (ninja)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# torch.utils.cpp_extension reads CUDA_HOME when imported: settle it first. Without this torch guesses
+# /usr/local and the link fails on -lcudart.
+if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/bin/nvcc"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+DEBUG = os.environ.get("DEBUG", "0") == "1"
+FORCE_CUDA = os.environ.get("TORCHOPS_FORCE_CUDA", "0") == "1"
+DEFAULT_ARCH = "9.0"  # the project's GPU machine is an H200
+
+
+def _log(msg: str) -> None:
+    print(f"torchops setup: {msg}", file=sys.stderr)
+
+
+def _cuda_available_for_build() -> tuple[bool, str]:
+    if torch.version.cuda is None:
+        return False, f"torch {torch.__version__} is a CPU-only build"
+    if CUDA_HOME is None or not os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")):
+        return False, "nvcc not found (set CUDA_HOME)"
+    return True, ""
+
+
+def _sources(pattern: str) -> list[str]:
+    # Globbed per layer so adding an op needs no edit here. Relative paths keep the build portable.
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def _arch_list() -> str:
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if archs:
+        return archs
+    if torch.cuda.is_available():
+        # torch builds for the visible GPUs when the variable is unset.
+        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+        return ";".join(f"{major}.{minor}" for major, minor in caps)
+    _log(f"no GPU visible and TORCH_CUDA_ARCH_LIST unset: building for sm_{DEFAULT_ARCH.replace('.', '')} only")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCH
+    return DEFAULT_ARCH
+
+
+GENERATED_DIR = os.path.join(ROOT, "build", "generated")
+
+
+def _write_build_info(info: dict[str, object]) -> None:
+    # torchops/_build_info.json is read at import time *before* loading _C, so a torch mismatch is
+    # reported plainly instead of as an undefined-symbol error. The header bakes the same facts into _C
+    # (a header rather than -D flags: the values hold characters the build's shell would eat).
+    with open(os.path.join(ROOT, "torchops", "_build_info.json"), "w") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.makedirs(GENERATED_DIR, exist_ok=True)
+    header = "".join(
+        f"#define TORCHOPS_{key.upper()} {json.dumps(str(info[key]))}\n" for key in ("torch", "cuda", "archs")
+    )
+    path = os.path.join(GENERATED_DIR, "torchops_build_config.h")
+    old = open(path).read() if os.path.exists(path) else None
+    if old != header:  # rewriting an unchanged header would force a rebuild of ops.cpp
+        with open(path, "w") as f:
+            f.write(header)
+
+
+def _extension():
+    with_cuda, why_not = _cuda_available_for_build()
+    if not with_cuda and FORCE_CUDA:
+        raise RuntimeError(f"TORCHOPS_FORCE_CUDA=1 but CUDA cannot be built: {why_not}")
+
+    opt = ["-O0", "-g"] if DEBUG else ["-O3"]
+    cxx_flags = [*opt, "-DPy_LIMITED_API=0x03090000", "-fdiagnostics-color=always"]
+    nvcc_flags = [*opt, "--expt-relaxed-constexpr", "-lineinfo"]
+    archs = ""
+    cuda_version = ""
+    sources = _sources("csrc/*.cpp") + _sources("csrc/cpu/*.cpp") + _sources("csrc/autograd/*.cpp")
+    if with_cuda:
+        archs = _arch_list()
+        cuda_version = torch.version.cuda or ""
+        sources += _sources("csrc/cuda/*.cu")
+        cxx_flags.append("-DTORCHOPS_WITH_CUDA")
+        _log(f"CUDA build (CUDA {cuda_version}, archs {archs}, CUDA_HOME={CUDA_HOME})")
+    else:
+        _log(f"CPU-only build: {why_not}. CUDA kernels are not compiled.")
+
+    info = {"torch": torch.__version__, "cuda": cuda_version, "archs": archs, "with_cuda": with_cuda}
+    _write_build_info(info)
+
+    kind = CUDAExtension if with_cuda else CppExtension
+    kwargs = {"extra_compile_args": {"cxx": cxx_flags, "nvcc": nvcc_flags} if with_cuda else {"cxx": cxx_flags}}
+    if DEBUG:
+        kwargs["extra_link_args"] = ["-g"]
+    return kind("torchops._C", sources, include_dirs=[GENERATED_DIR], py_limited_api=True, **kwargs)
+
+
+if shutil.which("ninja") is None:
+    _log("ninja not found: falling back to a slow serial build (pip install ninja)")
+
+setup(
+    packages=find_packages(include=["torchops", "torchops.*", "meta_kernels", "meta_kernels.*"]),
+    package_data={"torchops": ["_build_info.json", "py.typed"]},
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+)

@@ -1,0 +1,100 @@
+"""Shared test helpers: devices, tolerances, input makers, output poisoning and fresh-process runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT_DTYPES = (torch.int32, torch.int64)
+
+# (rtol, atol) against a float64 reference rounded to the output dtype.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.int32: (0.0, 0.0),
+    torch.int64: (0.0, 0.0),
+}
+
+
+def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor, **kwargs: Any) -> None:
+    rtol, atol = TOLERANCES.get(actual.dtype, (1.3e-6, 1e-5))
+    torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=rtol, atol=atol, equal_nan=True, **kwargs)
+
+
+def random_tensor(shape: Sequence[int], dtype: torch.dtype, device: str | torch.device, *,
+                  low: float = -3.0, high: float = 3.0) -> torch.Tensor:
+    """Random values that are never all zeros or ones: they would hide unwritten or mis-indexed output."""
+    if dtype.is_floating_point:
+        return torch.empty(shape, dtype=torch.float64, device=device).uniform_(low, high).to(dtype)
+    return torch.randint(-1000, 1000, tuple(shape), dtype=dtype, device=device)
+
+
+def make_layout(shape: Sequence[int], dtype: torch.dtype, device: str, layout: str) -> torch.Tensor:
+    """A tensor of logical `shape` with the memory layout `layout`:
+
+    contiguous   dense row-major
+    transposed   2-D+: the last two dims swapped in memory (column-major matrix)
+    sliced       every other element of the last dim
+    offset       dense but starting one element into its storage (misses 16-byte alignment)
+    expanded     stride 0 along the first dim (one row broadcast)
+    permuted     3-D+: dims stored in reverse order
+    """
+    shape = tuple(shape)
+    if layout == "contiguous":
+        return random_tensor(shape, dtype, device)
+    if layout == "transposed":
+        return random_tensor(shape[:-2] + (shape[-1], shape[-2]), dtype, device).transpose(-1, -2)
+    if layout == "sliced":
+        return random_tensor(shape[:-1] + (shape[-1] * 2,), dtype, device)[..., ::2]
+    if layout == "offset":
+        n = 1
+        for s in shape:
+            n *= s
+        return random_tensor((n + 1,), dtype, device)[1:].view(shape)
+    if layout == "expanded":
+        return random_tensor((1,) + shape[1:], dtype, device).expand(shape)
+    if layout == "permuted":
+        dims = list(reversed(range(len(shape))))
+        return random_tensor(tuple(shape[d] for d in dims), dtype, device).permute(*dims)
+    raise ValueError(f"unknown layout {layout}")
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill with a value no correct kernel produces from our inputs, so unwritten elements show."""
+    if t.dtype.is_floating_point:
+        return t.fill_(float("nan"))
+    return t.fill_(torch.iinfo(t.dtype).min)
+
+
+def poison_cuda_cache(nbytes: int = 64 << 20) -> None:
+    """Leave the CUDA caching allocator holding NaN-filled blocks, so a freshly allocated output that a
+    kernel forgets to write shows NaN (or a huge integer) instead of a lucky zero."""
+    if HAS_CUDA:
+        blocks = [torch.empty(size, dtype=torch.uint8, device="cuda").fill_(0xFF) for size in (nbytes, 1 << 20, 4096, 512)]
+        del blocks
+
+
+def run_python(code: str, *, timeout: int = 600) -> str:
+    """Run `code` in a fresh interpreter that imports this checkout's torchops; return its stdout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO_ROOT)
+    assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout

@@ -1,0 +1,194 @@
+"""The table that drives the generic tests: one OpInfo per myns operator.
+
+Adding an op means adding its OpInfo here (samples, reference, error inputs); test_ops.py, test_pt2.py
+and test_registration.py then cover it on every path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from helpers import FLOAT_DTYPES, INT_DTYPES, make_layout, poison_, random_tensor
+
+
+@dataclass
+class Sample:
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    desc: str = ""
+
+
+@dataclass
+class ErrorInput:
+    sample: Sample
+    match: str  # regex the RuntimeError message must match
+    on_fake: bool = True  # the fake kernel raises it too (metadata errors, not memory-overlap ones)
+
+
+@dataclass
+class OpInfo:
+    name: str
+    dtypes: tuple[torch.dtype, ...]
+    # (device, dtype, requires_grad) -> samples; every sample's tensors are fresh.
+    sample_inputs: Callable[[str, torch.dtype, bool], list[Sample]]
+    # Same math on the samples' args upcast to float64 (or the ints themselves), on the CPU.
+    reference: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
+    error_inputs: Callable[[str], list[ErrorInput]]
+    # (device, dtype, n) -> args whose sizes scale with n: used to check one compiled graph serves all n.
+    sized_inputs: Callable[[str, torch.dtype, int], tuple[Any, ...]]
+    differentiable: bool = True
+    mutated_arg: int | None = None  # out= ops: index of the argument written (the op returns nothing)
+
+    @property
+    def op(self) -> torch._ops.OpOverload:
+        return getattr(torch.ops.myns, self.name).default
+
+    @property
+    def qualname(self) -> str:
+        return f"myns::{self.name}"
+
+
+def _grad(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    return t.requires_grad_(requires_grad) if t.dtype.is_floating_point else t
+
+
+# ---------------------------------------------------------------------------------------------- vector_add
+# (shape, layout of a, layout of b): empty, 0-dim, sizes that miss the 16-byte vector width, misaligned
+# starts, transposed (tiled CUDA path, partial tiles), sliced, broadcast (stride 0), permuted, 5-D.
+_VECTOR_ADD_CASES: list[tuple[tuple[int, ...], str, str]] = [
+    ((), "contiguous", "contiguous"),
+    ((0,), "contiguous", "contiguous"),
+    ((2, 0, 3), "contiguous", "contiguous"),
+    ((1,), "contiguous", "contiguous"),
+    ((7,), "contiguous", "contiguous"),
+    ((4097,), "contiguous", "contiguous"),
+    ((33,), "offset", "contiguous"),
+    ((1000,), "offset", "offset"),
+    ((3, 5), "transposed", "contiguous"),
+    ((64, 33), "contiguous", "transposed"),
+    ((33, 70), "transposed", "transposed"),
+    ((130, 257), "transposed", "sliced"),
+    ((5, 9), "sliced", "contiguous"),
+    ((4, 6), "expanded", "contiguous"),
+    ((2, 3, 4), "permuted", "contiguous"),
+    ((2, 3, 4, 5, 6), "sliced", "permuted"),
+]
+
+
+def vector_add_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    return [
+        Sample((_grad(make_layout(shape, dtype, device, la), requires_grad),
+                _grad(make_layout(shape, dtype, device, lb), requires_grad)), desc=f"{shape} {la}+{lb}")
+        for shape, la, lb in _VECTOR_ADD_CASES
+    ]
+
+
+def vector_add_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
+def vector_add_out_reference(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
+def vector_add_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (random_tensor((n, 3), dtype, device), random_tensor((n, 3), dtype, device))
+
+
+def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor, torch.Tensor], tuple]) -> list[ErrorInput]:
+    """Shape, dtype and device mismatches and unsupported dtypes for an op taking (a, b, ...)."""
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    cases = [
+        ErrorInput(Sample(extra(f32(4, 8), f32(4, 9))), r"myns::OP: a and b must have the same shape, got \[4, 8\] and \[4, 9\]"),
+        ErrorInput(Sample(extra(f32(4), f32(4).half())), r"myns::OP: a and b must have the same dtype, got Float and Half"),
+        ErrorInput(Sample(extra(f32(4) > 0, f32(4) > 0)), r"myns::OP: a has unsupported dtype Bool; supported: Half, BFloat16"),
+        ErrorInput(Sample(extra(f32(4).to(torch.complex64), f32(4).to(torch.complex64))), r"myns::OP: a has unsupported dtype ComplexFloat"),
+        ErrorInput(Sample(extra(f32(4).to(torch.int8), f32(4).to(torch.int8))), r"myns::OP: a has unsupported dtype Char"),
+    ]
+    if device == "cuda":
+        cases.append(ErrorInput(Sample(extra(f32(4), torch.randn(4))), r"myns::OP: a and b must be on the same device, got cuda:0 and cpu"))
+    for c in cases:
+        c.match = c.match.replace("OP", op)
+    return cases
+
+
+def vector_add_errors(device: str) -> list[ErrorInput]:
+    return _binary_metadata_errors("vector_add", device, lambda a, b: (a, b))
+
+
+def vector_add_out_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    samples = []
+    for shape, la, lb in _VECTOR_ADD_CASES:
+        a, b = make_layout(shape, dtype, device, la), make_layout(shape, dtype, device, lb)
+        out_layout = "transposed" if len(shape) >= 2 else "contiguous"
+        samples.append(Sample((a, b, poison_(make_layout(shape, dtype, device, out_layout))), desc=f"{shape} {la}+{lb}->{out_layout}"))
+    a, b = random_tensor((5, 7), dtype, device), random_tensor((5, 7), dtype, device)
+    samples.append(Sample((a, b, a), desc="out is a"))
+    a, b = random_tensor((100,), dtype, device), random_tensor((100,), dtype, device)
+    samples.append(Sample((a, b, b), desc="out is b"))
+    return samples
+
+
+def vector_add_out_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (*vector_add_sized(device, dtype, n), torch.empty((n, 3), dtype=dtype, device=device))
+
+
+def vector_add_out_errors(device: str) -> list[ErrorInput]:
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    base = f32(9)
+    cases = _binary_metadata_errors("vector_add_out", device, lambda a, b: (a, b, torch.empty_like(a)))
+    cases += [
+        ErrorInput(Sample((f32(4, 8), f32(4, 8), f32(4, 9))), r"myns::vector_add_out: a and out must have the same shape, got \[4, 8\] and \[4, 9\]"),
+        ErrorInput(Sample((f32(4), f32(4), f32(4).double())), r"myns::vector_add_out: a and out must have the same dtype, got Float and Double"),
+        ErrorInput(Sample((f32(3), f32(3), f32(1).expand(3))), r"myns::vector_add_out: out has internal overlap", on_fake=False),
+        ErrorInput(Sample((base[:-1], f32(8), base[1:])), r"myns::vector_add_out: out partially overlaps a", on_fake=False),
+        ErrorInput(Sample((f32(3).requires_grad_(), f32(3), f32(3))), r"myns::vector_add_out: out= variants don't support automatic differentiation, but a requires grad"),
+    ]
+    return cases
+
+
+OP_DB: list[OpInfo] = [
+    OpInfo(
+        name="vector_add",
+        dtypes=FLOAT_DTYPES + INT_DTYPES,
+        sample_inputs=vector_add_samples,
+        reference=vector_add_reference,
+        error_inputs=vector_add_errors,
+        sized_inputs=vector_add_sized,
+    ),
+    OpInfo(
+        name="vector_add_out",
+        dtypes=FLOAT_DTYPES + INT_DTYPES,
+        sample_inputs=vector_add_out_samples,
+        reference=vector_add_out_reference,
+        error_inputs=vector_add_out_errors,
+        sized_inputs=vector_add_out_sized,
+        differentiable=False,
+        mutated_arg=2,
+    ),
+]
+
+OPS_BY_NAME = {info.name: info for info in OP_DB}
+
+
+def ops(predicate: Callable[[OpInfo], bool] = lambda info: True) -> list[Any]:
+    """OpInfos as pytest params, ids = op names."""
+    import pytest
+
+    return [pytest.param(info, id=info.name) for info in OP_DB if predicate(info)]
+
+
+def upcast(args: Sequence[Any]) -> tuple[Any, ...]:
+    """Reference inputs: float tensors as float64 on the CPU, detached; others unchanged (ints, on CPU)."""
+    out = []
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu()
+            out.append(x.double() if x.dtype.is_floating_point else x)
+        else:
+            out.append(x)
+    return tuple(out)

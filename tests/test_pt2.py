@@ -1,0 +1,158 @@
+"""Every op on every PT2 path: torch.compile (fullgraph, dynamic, backward), torch.export + save/load,
+TorchScript script/save/load and AOTInductor, the last three reloaded in a fresh process."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+import torch._dynamo.testing
+
+from helpers import DEVICES, run_python
+from op_db import OpInfo, ops
+
+pytestmark = pytest.mark.slow
+
+_ANNOTATIONS = {"Tensor": "Tensor", "Optional[Tensor]": "Optional[Tensor]", "float": "float", "int": "int", "bool": "bool"}
+
+
+def module_source(info: OpInfo) -> str:
+    """Source of an nn.Module whose forward calls the op with its schema's arguments (typed, so it also
+    scripts). An out= op returns the tensor it wrote."""
+    schema = info.op._schema
+    params = ", ".join(f"{a.name}: {_ANNOTATIONS[str(a.type)]}" for a in schema.arguments)
+    call = f"torch.ops.myns.{info.name}({', '.join(a.name for a in schema.arguments)})"
+    if info.mutated_arg is not None:
+        body = f"{call}\n        return {schema.arguments[info.mutated_arg].name}.clone()"
+    else:
+        body = f"return {call}"
+    return (
+        "from typing import Optional\n\nimport torch\nfrom torch import Tensor\n\n\n"
+        "class OpModule(torch.nn.Module):\n"
+        f"    def forward(self, {params}):\n"
+        f"        {body}\n"
+    )
+
+
+def load_module(info: OpInfo, directory: str) -> torch.nn.Module:
+    """Writes module_source to `directory`/opmodule.py (importable by the fresh process too)."""
+    path = os.path.join(directory, "opmodule.py")
+    with open(path, "w") as f:
+        f.write(module_source(info))
+    spec = importlib.util.spec_from_file_location(f"opmodule_{info.name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.OpModule()
+
+
+def clone_args(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def eager_result(info: OpInfo, args):
+    result = info.op(*args)
+    return args[info.mutated_arg] if info.mutated_arg is not None else result
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", ops())
+def test_compile_fullgraph_dynamic_one_frame(info: OpInfo, device: str) -> None:
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+
+    def fn(*args):
+        return eager_result(info, args)
+
+    compiled = torch.compile(fn, backend=counter, fullgraph=True, dynamic=True)
+    for n in (5, 8, 13):
+        args = info.sized_inputs(device, torch.float32, n)
+        expected = fn(*clone_args(args))
+        torch.testing.assert_close(compiled(*args), expected)
+    assert counter.frame_count == 1, "one compiled frame must serve every size (no recompiles, no graph breaks)"
+    assert counter.op_count >= 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", ops(lambda info: info.differentiable))
+def test_compile_backward(info: OpInfo, device: str) -> None:
+    def loss(*args):
+        out = info.op(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        # Non-uniform weights, so a wrong grad can't hide behind symmetric ones.
+        return sum((o * torch.linspace(-1, 2, o.numel(), device=o.device).view_as(o)).sum() for o in outs)
+
+    compiled = torch.compile(loss, fullgraph=True, dynamic=True)
+    for n in (5, 9):
+        args = info.sized_inputs(device, torch.float32, n)
+        eager_args = [a.detach().clone().requires_grad_() for a in args]
+        comp_args = [a.detach().clone().requires_grad_() for a in args]
+        loss(*eager_args).backward()
+        compiled(*comp_args).backward()
+        for e, c in zip(eager_args, comp_args):
+            torch.testing.assert_close(c.grad, e.grad)
+
+
+def _export(info: OpInfo, device: str, directory: str):
+    module = load_module(info, directory)
+    args = info.sized_inputs(device, torch.float32, 8)
+    dynamic = tuple({0: torch.export.Dim.AUTO} if isinstance(a, torch.Tensor) else None for a in args)
+    ep = torch.export.export(module, clone_args(args), dynamic_shapes=dynamic)
+    return module, ep
+
+
+def _check_in_fresh_process(info: OpInfo, device: str, directory: str, module, load_snippet: str) -> None:
+    """Saves inputs for two sizes, runs `load_snippet` (which binds `fn`) in a fresh process on them, and
+    compares with the eager module."""
+    cases = [info.sized_inputs(device, torch.float32, n) for n in (8, 13)]
+    torch.save(cases, os.path.join(directory, "inputs.pt"))
+    run_python(f"""
+        import os, sys, torch
+        import torchops
+        directory = {directory!r}
+        sys.path.insert(0, directory)
+        {load_snippet}
+        cases = torch.load(os.path.join(directory, "inputs.pt"))
+        torch.save([fn(*args) for args in cases], os.path.join(directory, "outputs.pt"))
+    """)
+    outputs = torch.load(os.path.join(directory, "outputs.pt"))
+    for args, got in zip(cases, outputs):
+        torch.testing.assert_close(got, module(*clone_args(args)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", ops())
+def test_export_save_load_fresh_process(info: OpInfo, device: str, tmp_path) -> None:
+    module, ep = _export(info, device, str(tmp_path))
+    assert f"torch.ops.myns.{info.name}.default" in ep.graph_module.code
+    torch.export.save(ep, str(tmp_path / "program.pt2"))
+    _check_in_fresh_process(info, device, str(tmp_path), module,
+                            "fn = torch.export.load(os.path.join(directory, 'program.pt2')).module()")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", ops())
+def test_torchscript_save_load_fresh_process(info: OpInfo, device: str, tmp_path) -> None:
+    module = load_module(info, str(tmp_path))
+    scripted = torch.jit.script(module)
+    assert f"myns::{info.name}" in str(scripted.graph)
+    scripted.save(str(tmp_path / "scripted.pt"))
+    _check_in_fresh_process(info, device, str(tmp_path), module,
+                            "fn = torch.jit.load(os.path.join(directory, 'scripted.pt'))")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", ops())
+def test_aoti_package_fresh_process(info: OpInfo, device: str, tmp_path) -> None:
+    module, ep = _export(info, device, str(tmp_path))
+    torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "model.pt2"))
+    _check_in_fresh_process(info, device, str(tmp_path), module,
+                            "fn = torch._inductor.aoti_load_package(os.path.join(directory, 'model.pt2'))")

@@ -1,0 +1,110 @@
+"""vector_add specifics the generic tables don't express: the Python wrapper, out= aliasing and version
+counters, the exported graph, strided layouts beyond the samples, and the import-time version check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from expecttest import TestCase
+
+import torchops
+from helpers import DEVICES, assert_close_to_reference, make_layout, poison_, random_tensor
+from torchops import _native
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrapper_returns_out_and_writes_in_place(device: str) -> None:
+    a, b = random_tensor((6, 5), torch.float32, device), random_tensor((6, 5), torch.float32, device)
+    expected = a + b
+    out = poison_(torch.empty_like(a))
+    assert torchops.vector_add(a, b, out=out) is out
+    torch.testing.assert_close(out, expected)
+    a_copy = a.clone()
+    assert torchops.vector_add(a, b, out=a) is a  # in place into an input
+    torch.testing.assert_close(a, a_copy + b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_bumps_version_counter(device: str) -> None:
+    a, b = torch.randn(4, device=device), torch.randn(4, device=device)
+    out = torch.empty(4, device=device)
+    before = out._version
+    torchops.vector_add(a, b, out=out)
+    assert out._version == before + 1
+
+
+def test_out_of_a_saved_tensor_is_caught_by_autograd() -> None:
+    # Writing through out= into a tensor that backward needs must be detected, as for torch's own ops.
+    x = torch.randn(4, requires_grad=True)
+    y = x.exp()  # saves its result for backward
+    with torch.no_grad():
+        torchops.vector_add(y.detach(), y.detach(), out=y)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("shape", [(1, 1, 17), (3, 1, 5, 1), (2, 64, 3), (257, 3)])
+@pytest.mark.parametrize("layouts", [("permuted", "transposed"), ("expanded", "sliced"), ("offset", "permuted")])
+def test_more_layouts(device: str, dtype: torch.dtype, shape, layouts) -> None:
+    a, b = (make_layout(shape, dtype, device, layout) for layout in layouts)
+    out = torchops.vector_add(a, b)
+    assert out.is_contiguous()
+    assert_close_to_reference(out.cpu(), a.cpu().double() + b.cpu().double() if dtype.is_floating_point else a.cpu() + b.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_precision_matches_torch_add_exactly(device: str) -> None:
+    # Same math as torch.add (f32 sum, one rounding), so the results are bit-identical.
+    for dtype in (torch.float16, torch.bfloat16):
+        a, b = random_tensor((4099,), dtype, device, low=-60000, high=60000), random_tensor((4099,), dtype, device)
+        assert torch.equal(torchops.vector_add(a, b), torch.add(a, b))
+
+
+def test_inf_and_nan_propagate() -> None:
+    a = torch.tensor([float("inf"), float("-inf"), float("nan"), 1.0, 65504.0], dtype=torch.float16)
+    b = torch.tensor([1.0, float("inf"), 0.0, float("nan"), 65504.0], dtype=torch.float16)
+    torch.testing.assert_close(torchops.vector_add(a, b), torch.add(a, b), equal_nan=True)
+
+
+def test_integer_overflow_wraps_like_torch() -> None:
+    a = torch.tensor([2**31 - 1, -(2**31)], dtype=torch.int32)
+    b = torch.tensor([1, -1], dtype=torch.int32)
+    assert torch.equal(torchops.vector_add(a, b), torch.add(a, b))
+
+
+def test_version_mismatch_is_a_readable_import_error() -> None:
+    _native.check_torch_version(torch.__version__, torch.__version__)
+    _native.check_torch_version(None, torch.__version__)  # no record: nothing to compare
+    with pytest.raises(ImportError, match=r"built against torch 2\.0\.0 but torch .* is installed; rebuild it with `make build`"):
+        _native.check_torch_version("2.0.0", torch.__version__)
+
+
+class ExportedGraph(TestCase):
+    def test_exported_graph_holds_exactly_the_myns_ops(self) -> None:
+        class Residual(torch.nn.Module):
+            def forward(self, x: torch.Tensor, y: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+                torch.ops.myns.vector_add_out(x, y, buf)
+                return torchops.vector_add(buf, y)
+
+        args = (torch.randn(4, 3), torch.randn(4, 3), torch.empty(4, 3))
+        ep = torch.export.export(Residual(), args)
+        self.assertExpectedInline(
+            ep.graph_module.code.strip(),
+            """\
+def forward(self, x, y, buf):
+    vector_add_out = torch.ops.myns.vector_add_out.default(x, y, buf);  x = vector_add_out = None
+    vector_add = torch.ops.myns.vector_add.default(buf, y);  buf = y = None
+    return (vector_add,)""",
+        )
+        functional = ep.run_decompositions()
+        self.assertExpectedInline(
+            functional.graph_module.code.strip(),
+            """\
+def forward(self, x, y, buf):
+    auto_functionalized_v2 = torch.ops.higher_order.auto_functionalized_v2(torch.ops.myns.vector_add_out.default, a = x, b = y, _out_base_index = 0, _all_bases = [buf]);  x = buf = None
+    getitem_1 = auto_functionalized_v2[1];  auto_functionalized_v2 = None
+    vector_add = torch.ops.myns.vector_add.default(getitem_1, y);  y = None
+    return (getitem_1, vector_add)""",
+        )

@@ -1,0 +1,48 @@
+"""Loads the native extension, turning a build/runtime torch mismatch into a readable ImportError."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+REBUILD_HINT = "rebuild it with `make build` (or `pip install --no-build-isolation -e .` from the repo root)"
+_BUILD_INFO_PATH = os.path.join(os.path.dirname(__file__), "_build_info.json")
+
+
+def read_build_info() -> dict[str, Any] | None:
+    """What setup.py recorded about the build (torch/CUDA versions, archs), or None if absent."""
+    try:
+        with open(_BUILD_INFO_PATH) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def check_torch_version(built_against: str | None, running: str) -> None:
+    """Raise ImportError when the extension was built against another torch than the one importing it.
+
+    The C++ ABI of libtorch changes between releases, so a mismatch otherwise surfaces as an opaque
+    undefined-symbol error, or worse, a crash.
+    """
+    if built_against is not None and built_against != running:
+        raise ImportError(
+            f"torchops was built against torch {built_against} but torch {running} is installed; "
+            f"{REBUILD_HINT}"
+        )
+
+
+def load() -> Any:
+    info = read_build_info()
+    built_against = None if info is None else info.get("torch")
+    check_torch_version(built_against, torch.__version__)
+    try:
+        from torchops import _C
+    except ImportError as e:
+        raise ImportError(
+            f"torchops could not load its native extension (built against torch {built_against or 'unknown'}, "
+            f"running torch {torch.__version__}): {e}. {REBUILD_HINT}"
+        ) from e
+    return _C

@@ -1,0 +1,302 @@
+"""End-to-end demo: torchops ops in eager, autograd, compile, export, TorchScript and AOTInductor.
+
+Run with ``python -m torchops.demo`` (``make demo``). On each available device (cpu, plus cuda when
+present) it runs every entry of ``PATHS``, compares the result with plain PyTorch, prints one table
+row per (device, path) and exits with status 1 if any path failed.
+
+Adding an op means appending ``DemoPath("swiglu/eager", swiglu_eager)`` style entries to ``PATHS``;
+a path function takes the device, raises on a mismatch and returns a short note for the table.
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import torchops
+
+SEED = 0
+DIM = 32  # feature size of the demo model
+HIDDEN = 64
+BATCHES = (8, 13)  # two batch sizes, so dynamic shapes are really exercised
+SGD_STEPS = 3
+NOTE_WIDTH = 160  # long error messages are printed in full above the table, cut short inside it
+# Compiled / exported graphs may order float math differently from eager, so allow rounding noise.
+MODEL_TOL: dict[str, float] = {"rtol": 1e-4, "atol": 1e-5}
+
+
+@dataclass(frozen=True)
+class DemoPath:
+    """A named check: ``run(device)`` raises on failure and returns a note for the table."""
+
+    name: str
+    run: Callable[[torch.device], str]
+    hint: str = ""  # shown before a slow path starts, so a long pause is not mistaken for a hang
+
+
+@dataclass(frozen=True)
+class Result:
+    device: str
+    path: str
+    ok: bool
+    ms: float
+    note: str
+
+
+class ResidualMLP(nn.Module):
+    """``x + fc2(relu(fc1(x)))`` with the residual add done by torchops."""
+
+    def __init__(self, dim: int = DIM, hidden: int = HIDDEN) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torchops.vector_add(x, self.fc2(torch.relu(self.fc1(x))))
+
+
+class ScriptableResidualMLP(ResidualMLP):
+    """Same model for TorchScript, which calls the registered op rather than the Python wrapper."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.myns.vector_add(x, self.fc2(torch.relu(self.fc1(x))))
+
+
+def _make_model(device: torch.device, cls: type[ResidualMLP] = ResidualMLP) -> ResidualMLP:
+    # Initialise on CPU so every device starts from identical weights.
+    torch.manual_seed(SEED)
+    return cls().to(device)
+
+
+def _inputs(device: torch.device) -> list[Tensor]:
+    return [torch.randn(batch, DIM, device=device) for batch in BATCHES]
+
+
+def _check_model(run: Callable[[Tensor], Tensor], model: nn.Module, device: torch.device) -> None:
+    for x in _inputs(device):
+        torch.testing.assert_close(run(x), model(x), **MODEL_TOL)
+
+
+def _count_vector_add_nodes(graph: torch.fx.Graph) -> int:
+    return sum(node.target is torch.ops.myns.vector_add.default for node in graph.nodes)
+
+
+# --- vector_add paths --------------------------------------------------------------------------
+
+
+def vector_add_eager(device: torch.device) -> str:
+    cases = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        # 66 columns: an odd half (33) misses any vector width, so the scalar tail runs too.
+        a = torch.randn(64, 66, device=device, dtype=dtype)
+        b = torch.randn(64, 66, device=device, dtype=dtype)
+        half = torch.randn(64, 33, device=device, dtype=dtype)
+        operands = [(a, b), (a[:, ::2], half), (a.t(), b.t())]  # contiguous, strided, transposed
+        for x, y in operands:
+            expected = torch.add(x, y)
+            got = torchops.vector_add(x, y)
+            torch.testing.assert_close(got, expected)
+            if not got.is_contiguous():
+                raise AssertionError(f"vector_add returned non-contiguous strides {got.stride()}")
+            # NaN poison shows any element the kernel fails to write.
+            out = torch.full(expected.shape, float("nan"), device=device, dtype=dtype)
+            torchops.vector_add(x, y, out=out)
+            torch.testing.assert_close(out, expected)
+            out.fill_(float("nan"))
+            torch.ops.myns.vector_add_out(x, y, out)
+            torch.testing.assert_close(out, expected)
+            cases += 1
+        acc = a.clone()
+        torchops.vector_add(acc, b, out=acc)  # out may alias an input (in-place accumulate)
+        torch.testing.assert_close(acc, a + b)
+    return f"{cases} cases (f32, bf16; contiguous/strided/transposed); out=, vector_add_out, out=a"
+
+
+def vector_add_autograd(device: torch.device) -> str:
+    a = torch.randn(16, 24, device=device, requires_grad=True)
+    b = torch.randn(24, 16, device=device).t().requires_grad_()  # non-contiguous leaf
+    grad_out = torch.randn(16, 24, device=device)
+    got = torch.autograd.grad(torchops.vector_add(a, b), (a, b), grad_out)
+    expected = torch.autograd.grad(torch.add(a, b), (a, b), grad_out)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    # Finite differences in float64 check the registered backward itself, not just agreement.
+    a64 = torch.randn(5, 7, device=device, dtype=torch.float64, requires_grad=True)
+    b64 = torch.randn(5, 7, device=device, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(torchops.vector_add, (a64, b64))
+    return "grads == torch.add's; gradcheck (f64) passes"
+
+
+def _train(model: Callable[[Tensor], Tensor], params: list[nn.Parameter], device: torch.device) -> list[float]:
+    gen = torch.Generator().manual_seed(SEED)  # same data for the eager and the compiled run
+    opt = torch.optim.SGD(params, lr=0.05)
+    losses = []
+    for _ in range(SGD_STEPS):
+        x = torch.randn(BATCHES[0], DIM, generator=gen).to(device)
+        target = torch.randn(BATCHES[0], DIM, generator=gen).to(device)
+        loss = F.mse_loss(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def model_compile(device: torch.device) -> str:
+    torch._dynamo.reset()  # fresh caches, so the time shown includes compilation on this device
+    eager = _make_model(device)
+    twin = copy.deepcopy(eager)
+    compiled = torch.compile(twin, fullgraph=True, dynamic=True)
+    _check_model(compiled, eager, device)
+    eager_losses = _train(eager, list(eager.parameters()), device)
+    compiled_losses = _train(compiled, list(twin.parameters()), device)
+    torch.testing.assert_close(compiled_losses, eager_losses, **MODEL_TOL)
+    for p_compiled, p_eager in zip(twin.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p_compiled, p_eager, **MODEL_TOL)
+    return f"fullgraph+dynamic, batches {BATCHES}; {SGD_STEPS} SGD steps, losses match eager"
+
+
+def _export(model: nn.Module, device: torch.device) -> torch.export.ExportedProgram:
+    x = torch.randn(BATCHES[0], DIM, device=device)
+    return torch.export.export(model, (x,), dynamic_shapes={"x": {0: torch.export.Dim.DYNAMIC}})
+
+
+def model_export(device: torch.device) -> str:
+    model = _make_model(device)
+    program = _export(model, device)
+    nodes = _count_vector_add_nodes(program.graph)
+    if nodes != 1:
+        raise AssertionError(f"exported graph has {nodes} myns.vector_add nodes, expected 1")
+    with tempfile.TemporaryDirectory(prefix="torchops-demo-") as tmp:
+        path = Path(tmp) / "residual_mlp.pt2"
+        torch.export.save(program, path)
+        size_kib = path.stat().st_size / 1024
+        loaded = torch.export.load(path).module()
+    _check_model(loaded, model, device)
+    return f"1 myns.vector_add node; save -> load ({size_kib:.0f} KiB) -> run, batches {BATCHES}"
+
+
+def model_torchscript(device: torch.device) -> str:
+    model = _make_model(device, ScriptableResidualMLP)
+    # TorchScript is deprecated upstream but still a supported path; keep its FutureWarnings out of the output.
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="torchops-demo-") as tmp:
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(model)
+        path = Path(tmp) / "residual_mlp.pt"
+        torch.jit.save(scripted, str(path))
+        loaded = torch.jit.load(str(path), map_location=device)
+    if "myns::vector_add" not in str(loaded.inlined_graph):
+        raise AssertionError("loaded TorchScript graph does not call myns::vector_add")
+    _check_model(loaded, model, device)
+    return f"script -> save -> load -> run, batches {BATCHES}"
+
+
+def model_aoti(device: torch.device) -> str:
+    model = _make_model(device)
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="torchops-demo-") as tmp:
+        program = _export(model, device)
+        package = torch._inductor.aoti_compile_and_package(program, package_path=str(Path(tmp) / "residual_mlp.pt2"))
+        runner = torch._inductor.aoti_load_package(package)
+        _check_model(runner, model, device)
+    return f"compile_and_package -> load_package -> run, batches {BATCHES}"
+
+
+PATHS: list[DemoPath] = [
+    DemoPath("eager", vector_add_eager),
+    DemoPath("autograd", vector_add_autograd),
+    DemoPath("compile", model_compile, hint="torch.compile, may take ~30 s"),
+    DemoPath("export", model_export),
+    DemoPath("torchscript", model_torchscript),
+    DemoPath("aoti", model_aoti, hint="AOTInductor C++ build, may take ~30 s or more"),
+]
+
+
+# --- runner ------------------------------------------------------------------------------------
+
+
+def devices() -> list[torch.device]:
+    found = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        found.append(torch.device("cuda"))
+    return found
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_path(path: DemoPath, device: torch.device) -> Result:
+    print(f"-> {device.type}: {path.name}" + (f" ({path.hint})" if path.hint else ""), flush=True)
+    torch.manual_seed(SEED)  # each path is reproducible on its own, whatever ran before it
+    _sync(device)
+    start = time.perf_counter()
+    try:
+        note = path.run(device)
+        _sync(device)
+        ok = True
+    except Exception as exc:  # one failing path must not hide the others
+        # The full message (not the traceback, which is mostly torch internals) is what explains a failure.
+        print(f"   FAILED {device.type}/{path.name}:\n{''.join(traceback.format_exception_only(exc))}", flush=True)
+        lines = str(exc).strip().splitlines()
+        note = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        note = note if len(note) <= NOTE_WIDTH else note[: NOTE_WIDTH - 3] + "..."
+        ok = False
+    ms = (time.perf_counter() - start) * 1e3
+    return Result(device.type, path.name, ok, ms, note)
+
+
+def print_header() -> bool:
+    """Print versions and build info; return False if build_info() itself is broken."""
+    print(f"torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}")
+    print(f"devices: {', '.join(str(d) for d in devices())}")
+    try:
+        info = torchops.build_info()
+    except Exception as exc:
+        print(f"torchops.build_info() failed: {type(exc).__name__}: {exc}")
+        return False
+    print("torchops.build_info():")
+    for key, value in info.items():
+        print(f"  {key}: {value}")
+    print(flush=True)
+    return True
+
+
+def format_table(results: list[Result]) -> str:
+    headers = ("device", "path", "ok", "time (ms)", "note")
+    rows = [(r.device, r.path, "yes" if r.ok else "NO", f"{r.ms:.1f}", r.note) for r in results]
+    widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
+    right = {3}  # right-align the numbers
+
+    def line(cells: tuple[str, ...]) -> str:
+        padded = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return " | ".join(padded).rstrip()
+
+    rule = "-+-".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(row) for row in rows)])
+
+
+def main() -> int:
+    header_ok = print_header()
+    results = [run_path(path, device) for device in devices() for path in PATHS]
+    failed = sum(not r.ok for r in results)
+    print()
+    print(format_table(results))
+    print(f"\n{len(results) - failed}/{len(results)} paths passed", flush=True)
+    return 0 if failed == 0 and header_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
