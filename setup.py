@@ -90,11 +90,12 @@ def _extension():
         raise RuntimeError(f"TORCHOPS_FORCE_CUDA=1 but CUDA cannot be built: {why_not}")
 
     opt = ["-O0", "-g"] if DEBUG else ["-O3"]
-    cxx_flags = [*opt, "-DPy_LIMITED_API=0x03090000", "-fdiagnostics-color=always"]
+    cxx_flags = [*opt, "-fdiagnostics-color=always"]
     nvcc_flags = [*opt, "--expt-relaxed-constexpr", "-lineinfo"]
     archs = ""
     cuda_version = ""
-    sources = _sources("csrc/*.cpp") + _sources("csrc/cpu/*.cpp") + _sources("csrc/autograd/*.cpp")
+    sources = [_sources(f"csrc/{layer}*.cpp") for layer in ("", "common/", "cpu/", "autograd/")]
+    sources = [path for layer in sources for path in layer]
     if with_cuda:
         archs = _arch_list()
         cuda_version = torch.version.cuda or ""

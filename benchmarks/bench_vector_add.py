@@ -76,7 +76,7 @@ def bench_sizes(args: argparse.Namespace, vector_add: Callable, copy_bps: float)
 def bench_host_cost(args: argparse.Namespace, vector_add: Callable) -> list[H.Result]:
     """µs per call at 1k elements, where dispatch + launch overhead dominates the (tiny) kernel."""
     n, dtype = 1 << 10, torch.float32
-    calls, rounds = (200, 5) if args.quick else (1000, 7)
+    calls, rounds = (200, 5) if args.quick else (1000, 15)
     myns_add = torch.ops.myns.vector_add  # bound once: we time the call, not the attribute lookup
     a, b = H.rand((n,), dtype, args.device), H.rand((n,), dtype, args.device)
     ga, gb = a.clone().requires_grad_(), b.clone().requires_grad_()
@@ -94,7 +94,7 @@ def bench_host_cost(args: argparse.Namespace, vector_add: Callable) -> list[H.Re
     }
     out: list[H.Result] = []
     for case, fns in cases.items():
-        us = {impl: H.host_cost_us(fn, args.device, calls=calls, rounds=rounds) for impl, fn in fns.items()}
+        us = H.host_cost_us(fns, args.device, calls=calls, rounds=rounds)
         for impl, t in us.items():
             out.append(H.Result(op=OP, case=case, dtype=H.DTYPE_NAMES[dtype], shape=H.pow2_label(n), numel=n,
                                 impl=impl, device=args.device, ms=t / 1e3,

@@ -146,31 +146,36 @@ def synchronize(device: str) -> None:
 
 
 def host_cost_us(
-    fn: Callable[[], Any], device: str, *, calls: int = 1000, rounds: int = 7, warmup: int = 100
-) -> float:
-    """Host (dispatch + launch) cost of one call in µs: wall time of ``calls`` back-to-back calls / calls.
+    fns: dict[str, Callable[[], Any]], device: str, *, calls: int = 1000, rounds: int = 15, warmup: int = 100
+) -> dict[str, float]:
+    """Host (dispatch + launch) cost of one call in µs for each callable: wall time of ``calls`` back-to-back
+    calls / calls.
 
     On CUDA the calls are only enqueued and the stream is synchronised once per round, so for tiny inputs the
-    GPU keeps up and the wall time is the CPU-side cost. Median over ``rounds`` rounds.
+    GPU keeps up and the wall time is the CPU-side cost. Rounds alternate between the callables, so drift
+    in the machine's state hits all of them alike, and the minimum over rounds is reported: interference
+    only ever adds time.
     """
-    for _ in range(warmup):
-        fn()
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
     synchronize(device)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a round would be charged to whichever op ran then
+    best = {name: math.inf for name in fns}
     try:
-        per_call: list[float] = []
         for _ in range(rounds):
-            synchronize(device)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            synchronize(device)
-            per_call.append((time.perf_counter() - t0) / calls)
+            for name, fn in fns.items():
+                synchronize(device)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                synchronize(device)
+                best[name] = min(best[name], (time.perf_counter() - t0) / calls)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return statistics.median(per_call) * 1e6
+    return {name: t * 1e6 for name, t in best.items()}
 
 
 def copy_bandwidth(device: str, nbytes: int, *, quick: bool = False) -> float:

@@ -39,6 +39,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site"
 fi
 
+# A g++ other than the system's (e.g. a /opt toolchain first on PATH) can link its own static libstdc++
+# into the extension; two libstdc++ copies in one process crash on the first formatted error message.
+# Build with the system compiler that libtorch itself uses, when there is one.
+if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ] && [ "$(command -v g++)" != /usr/bin/g++ ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++
+  echo "using the system compiler $CXX instead of $(command -v g++)"
+fi
+
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
 
@@ -53,11 +61,14 @@ else
   printf '%s\n' "${summary[@]}"
   exit 1
 fi
-grep -E "registers|spill" "$OUT/build.log" | head -40 >"$OUT/ptxas.txt" || true
+if nm -C --defined-only torchops/_C*.so | grep -q "std::ostream::_M_insert"; then
+  note "build: WARNING: _C embeds libstdc++ stream code (a static libstdc++ was linked): set CXX to the system g++"
+  status=1
+fi
 
 # ---- tests
 t0=$(date +%s)
-$PY -m pytest $TEST_ARGS -q -rfEs --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1
+eval "$PY -m pytest $TEST_ARGS -q -rfEs --junitxml=\"$OUT/junit.xml\"" >"$OUT/tests.log" 2>&1
 rc=$?
 [ $rc -ne 0 ] && status=1 && grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
 note "tests: $(tail -1 "$OUT/tests.log") (rc $rc, $(( $(date +%s) - t0 )) s)"

@@ -32,7 +32,7 @@ class VectorAddFunction : public torch::autograd::Function<VectorAddFunction> {
 
 at::Tensor vector_add_autograd(const at::Tensor& a, const at::Tensor& b) {
   // Skipping the graph node when nothing needs a gradient keeps small calls as cheap as torch.add's.
-  if (!needs_grad({a, b})) return vector_add_below_autograd(a, b);
+  if (!needs_grad(a, b)) return vector_add_below_autograd(a, b);
   return VectorAddFunction::apply(a, b);
 }
 

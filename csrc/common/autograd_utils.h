@@ -20,12 +20,9 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
 }
 
 // Whether autograd must record this call: grad mode on and some input requiring grad.
-inline bool needs_grad(std::initializer_list<at::Tensor> inputs) {
-  if (!c10::GradMode::is_enabled()) return false;
-  for (const auto& t : inputs) {
-    if (t.defined() && t.requires_grad()) return true;
-  }
-  return false;
+template <typename... Tensors>
+bool needs_grad(const Tensors&... inputs) {
+  return c10::GradMode::is_enabled() && ((inputs.defined() && inputs.requires_grad()) || ...);
 }
 
 // An out= op records no graph: like torch's own out= ops, raise if any argument would need one.

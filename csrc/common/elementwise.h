@@ -3,7 +3,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 
 #include <initializer_list>
 
@@ -11,12 +10,15 @@
 
 namespace torchops {
 
-// `kernel(a, b, out)` must write every element of `out` (a new dense tensor of a's shape).
-template <typename Kernel>
+// `kernel(a, b, out)` must write every element of `out`, a new dense tensor of a's shape made by
+// `empty_like_dense(a)` (the backend's allocator, called directly: a small call can't afford a trip
+// through the dispatcher for at::empty).
+template <typename EmptyLikeDense, typename Kernel>
 at::Tensor binary_elementwise(const char* op, NamedTensor a, NamedTensor b,
-                              std::initializer_list<at::ScalarType> dtypes, Kernel&& kernel) {
+                              std::initializer_list<at::ScalarType> dtypes, EmptyLikeDense&& empty_like_dense,
+                              Kernel&& kernel) {
   check_elementwise(op, {a, b}, dtypes);
-  at::Tensor out = at::empty(a.tensor.sizes(), a.tensor.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = empty_like_dense(a.tensor);
   if (out.numel() > 0) kernel(a.tensor, b.tensor, out);
   return out;
 }

@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
 
+#include "checks.h"
+
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -48,8 +50,7 @@ StridedLayout<kOperands> collapse_layout(const char* op, const std::array<at::Te
       for (int k = 0; k < kOperands; ++k) layout.strides[k][n - 1] = tensors[k].stride(d);
       continue;
     }
-    TORCH_CHECK(n < kMaxDims, "myns::", op, ": tensors with more than ", kMaxDims,
-                " non-mergeable dimensions are not supported");
+    if (n == kMaxDims) fail_too_many_dims(op, kMaxDims);
     layout.sizes[n] = shape[d];
     for (int k = 0; k < kOperands; ++k) layout.strides[k][n] = tensors[k].stride(d);
     layout.ndim = n + 1;

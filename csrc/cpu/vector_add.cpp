@@ -6,6 +6,7 @@
 
 #include "../common/elementwise.h"
 #include "../common/dispatch.h"
+#include "../common/empty.h"
 #include "../common/strided.h"
 
 namespace torchops {
@@ -85,7 +86,8 @@ void vector_add_cpu_into(const at::Tensor& a, const at::Tensor& b, const at::Ten
 }
 
 at::Tensor vector_add_cpu(const at::Tensor& a, const at::Tensor& b) {
-  return binary_elementwise("vector_add", {"a", a}, {"b", b}, {TORCHOPS_FLOAT_AND_INT_DTYPES}, vector_add_cpu_into);
+  return binary_elementwise("vector_add", {"a", a}, {"b", b}, {TORCHOPS_FLOAT_AND_INT_DTYPES}, empty_like_dense_cpu,
+                            vector_add_cpu_into);
 }
 
 void vector_add_out_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
