@@ -39,17 +39,20 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site"
 fi
 
-# A g++ other than the system's (e.g. a /opt toolchain first on PATH) can link its own static libstdc++
-# into the extension; two libstdc++ copies in one process crash on the first formatted error message.
-# Build and link with the system compiler, when there is one, whatever Python's sysconfig names (setuptools
-# links with sysconfig's LDSHARED unless told otherwise).
-if [ -z "${CXX:-}" ] && [ -x /usr/bin/g++ ]; then
-  export CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared"
-  echo "building with the system compiler $CXX (sysconfig has: $($PY -c 'import sysconfig; print(sysconfig.get_config_var("LDSHARED"))'))"
+# The H200 image sets CC/CXX to a toolchain under /opt/gcc, and an extension built with it crashed
+# (SIGSEGV in libstdc++'s ostream code) on the first error message formatted in a CUDA kernel's entry
+# point, while torch itself is built with the system compiler. Build with the system g++ unless
+# TORCHOPS_KEEP_CXX=1; the compilers in play are logged to gpu.txt either way.
+{ echo "CC=${CC:-} CXX=${CXX:-} sysconfig LDSHARED=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("LDSHARED"))')"
+  for c in "${CXX:-}" /usr/bin/g++; do [ -n "$c" ] && [ -x "$c" ] && echo "$c: $($c --version | head -1)"; done
+} >"$OUT/compilers.txt" 2>&1
+if [ "${TORCHOPS_KEEP_CXX:-0}" != 1 ] && [ -x /usr/bin/g++ ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/gcc -shared" LDCXXSHARED="/usr/bin/g++ -shared"
 fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+cat "$OUT/compilers.txt" >>"$OUT/gpu.txt"
 
 # ---- build: in place, against this machine's torch, failing if CUDA can't be built.
 rm -rf build torchops/_C*.so  # a clean build: a kept build dir would skip relinking with another compiler
@@ -67,6 +70,16 @@ if nm -C --defined-only torchops/_C*.so | grep -q "_M_insert<long>"; then
   note "build: WARNING: _C embeds libstdc++ stream code (a static libstdc++ was linked): set CXX to the system g++"
   status=1
 fi
+
+# ---- smoke: a CUDA entry point raising a formatted error (the crash seen with the /opt/gcc build)
+if $PY -c "
+import torch, torchops
+try:
+    torchops.vector_add(torch.ones(2, 3, device='cuda'), torch.ones(2, 4, device='cuda'))
+except RuntimeError as e:
+    print('smoke ok:', e)
+" >"$OUT/smoke.log" 2>&1; then note "smoke: $(tail -1 "$OUT/smoke.log")"
+else note "smoke: FAILED (rc $?): a CUDA-side error message crashes the process, see smoke.log"; status=1; fi
 
 # ---- tests
 t0=$(date +%s)
