@@ -66,6 +66,8 @@ else
   printf '%s\n' "${summary[@]}"
   exit 1
 fi
+# Evidence for the libstdc++ question above: libstdc++ internals defined inside _C (there should be none).
+nm -C --defined-only torchops/_C*.so | grep -E "std::(basic_ostream|ostream|codecvt|locale)" >"$OUT/libstdcxx-in-C.txt" || true
 if nm -C --defined-only torchops/_C*.so | grep -q "_M_insert<long>"; then
   note "build: WARNING: _C embeds libstdc++ stream code (a static libstdc++ was linked): set CXX to the system g++"
   status=1
