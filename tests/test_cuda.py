@@ -95,10 +95,10 @@ def test_more_than_2_pow_31_elements() -> None:
     out = torchops.vector_add(a, b)
     assert torch.equal(out, torch.add(a, b))
     del out
-    # Strided 64-bit path: a stride-0 operand can't merge with its neighbour dimension.
+    # Strided 64-bit path: a row broadcast (strides (0, 1)) can't merge with its neighbour dimension.
     rows = 1 << 16
     cols = n // rows + 1
-    c = torch.randn(rows, 1, dtype=torch.float16, device="cuda").expand(rows, cols)
+    c = torch.randn(1, cols, dtype=torch.float16, device="cuda").expand(rows, cols)
     d = torch.randn(rows, cols, dtype=torch.float16, device="cuda")
     assert c.numel() > 1 << 31
     assert torch.equal(torchops.vector_add(c, d), torch.add(c, d))

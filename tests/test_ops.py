@@ -66,7 +66,7 @@ def test_gradcheck(info: OpInfo, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("info", ops())
+@pytest.mark.parametrize("info", ops(lambda info: info.mutated_arg is None))  # out= ops make no new tensor
 def test_fake_matches_real_metadata(info: OpInfo, device: str) -> None:
     for sample in info.sample_inputs(device, torch.float32, False):
         real = _outputs(info, sample.args, info.op(*sample.args, **sample.kwargs))

@@ -9,6 +9,7 @@ from expecttest import TestCase
 
 import torchops
 from helpers import DEVICES, assert_close_to_reference, make_layout, poison_, random_tensor
+from op_db import OPS_BY_NAME
 from torchops import _native
 
 
@@ -33,14 +34,50 @@ def test_out_bumps_version_counter(device: str) -> None:
     assert out._version == before + 1
 
 
-def test_out_of_a_saved_tensor_is_caught_by_autograd() -> None:
-    # Writing through out= into a tensor that backward needs must be detected, as for torch's own ops.
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_out_of_a_saved_tensor_is_caught_by_autograd(mode) -> None:
+    # Writing through out= into a tensor that backward needs must be detected, as for torch's own ops,
+    # also under inference_mode (which skips the Autograd kernel but not the version bump).
     x = torch.randn(4, requires_grad=True)
     y = x.exp()  # saves its result for backward
-    with torch.no_grad():
+    with mode():
         torchops.vector_add(y.detach(), y.detach(), out=y)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_mode_ad(device: str) -> None:
+    import torch.autograd.forward_ad as fwAD
+
+    a, b = torch.randn(3, 4, device=device), torch.randn(4, 3, device=device).t()
+    ta, tb = torch.randn(3, 4, device=device), torch.randn(3, 4, device=device)
+    with fwAD.dual_level():
+        out = torchops.vector_add(fwAD.make_dual(a, ta), fwAD.make_dual(b, tb))
+        primal, tangent = fwAD.unpack_dual(out)
+        torch.testing.assert_close(primal, a + b)
+        torch.testing.assert_close(tangent, ta + tb)
+        only_a = fwAD.unpack_dual(torchops.vector_add(fwAD.make_dual(a, ta), b)).tangent
+        torch.testing.assert_close(only_a, ta)
+        with pytest.raises(RuntimeError, match="myns::vector_add_out: out= variants don't support forward-mode AD"):
+            torchops.vector_add(fwAD.make_dual(a, ta), b, out=torch.empty(3, 4, device=device))
+    # functorch's jvp, and forward-over-reverse with a leaf that also requires grad.
+    _, jvp_out = torch.func.jvp(torchops.vector_add, (a, b), (ta, tb))
+    torch.testing.assert_close(jvp_out, ta + tb)
+    leaf = a.clone().requires_grad_()
+    with fwAD.dual_level():
+        out = torchops.vector_add(fwAD.make_dual(leaf, ta), b)
+        torch.testing.assert_close(fwAD.unpack_dual(out).tangent, ta)
+        out.sum().backward()
+    torch.testing.assert_close(leaf.grad, torch.ones_like(leaf))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64])
+def test_every_sample_bit_identical_to_torch_add(device: str, dtype: torch.dtype) -> None:
+    # One rounding of the exact sum, as torch.add does: any layout must give the very same bits.
+    for sample in OPS_BY_NAME["vector_add"].sample_inputs(device, dtype, False):
+        assert torch.equal(torchops.vector_add(*sample.args), torch.add(*sample.args)), sample.desc
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,6 +1,8 @@
-// Autograd for vector_add: d(a + b)/da = d(a + b)/db = identity, so backward hands grad_out to both.
-// vector_add_out is a mutation and records no graph; it bumps out's version counter so autograd sees
-// the write (the ADInplaceOrView step, done here because this kernel dispatches below it).
+// Autograd for vector_add: d(a + b)/da = d(a + b)/db = identity, so backward hands grad_out to both and
+// forward mode's tangent is tangent(a) + tangent(b).
+// vector_add_out is a mutation: its Autograd kernel refuses inputs that need gradients (like torch's
+// out= ops), and its ADInplaceOrView kernel bumps out's version counter, which must happen under
+// inference_mode too (that mode skips the Autograd key, not ADInplaceOrView, for normal tensors).
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
@@ -13,10 +15,20 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::Tensor vector_add_below_autograd(const at::Tensor& a, const at::Tensor& b) {
+const auto& vector_add_op() {
   static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("myns::vector_add");
+  return op;
+}
+
+const auto& vector_add_out_op() {
+  static const auto op =
+      find_op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("myns::vector_add_out");
+  return op;
+}
+
+at::Tensor vector_add_below_autograd(const at::Tensor& a, const at::Tensor& b) {
   at::AutoDispatchBelowADInplaceOrView guard;
-  return op.call(a, b);
+  return vector_add_op().call(a, b);
 }
 
 class VectorAddFunction : public torch::autograd::Function<VectorAddFunction> {
@@ -31,18 +43,29 @@ class VectorAddFunction : public torch::autograd::Function<VectorAddFunction> {
 };
 
 at::Tensor vector_add_autograd(const at::Tensor& a, const at::Tensor& b) {
-  // Skipping the graph node when nothing needs a gradient keeps small calls as cheap as torch.add's.
-  if (!needs_grad(a, b)) return vector_add_below_autograd(a, b);
-  return VectorAddFunction::apply(a, b);
+  if (!has_forward_grad(a, b)) {
+    // Skipping the graph node when nothing needs a gradient keeps small calls as cheap as torch.add's.
+    return needs_grad(a, b) ? VectorAddFunction::apply(a, b) : vector_add_below_autograd(a, b);
+  }
+  // Forward mode: compute on the primals (C++ custom Functions have no jvp), attach the summed tangent.
+  const at::Tensor pa = forward_primal(a), pb = forward_primal(b);
+  at::Tensor out = needs_grad(pa, pb) ? VectorAddFunction::apply(pa, pb) : vector_add_below_autograd(pa, pb);
+  const at::Tensor ta = a._fw_grad(kForwardGradLevel), tb = b._fw_grad(kForwardGradLevel);
+  const at::Tensor tangent = !ta.defined() ? tb : !tb.defined() ? ta : vector_add_op().call(ta, tb);
+  out._set_fw_grad(tangent, kForwardGradLevel, /*is_inplace_op=*/false);
+  return out;
 }
 
 void vector_add_out_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
-  static const auto op =
-      find_op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("myns::vector_add_out");
   check_out_variant_not_differentiable("vector_add_out", {{"a", a}, {"b", b}, {"out", out}});
+  at::AutoDispatchBelowAutograd guard;
+  vector_add_out_op().call(a, b, out);  // through ADInplaceOrView below
+}
+
+void vector_add_out_ad_inplace_or_view(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.call(a, b, out);
+    vector_add_out_op().call(a, b, out);
   }
   torch::autograd::impl::bump_version(out);
 }
@@ -52,6 +75,10 @@ void vector_add_out_autograd(const at::Tensor& a, const at::Tensor& b, const at:
 TORCH_LIBRARY_IMPL(myns, Autograd, m) {
   m.impl("vector_add", &vector_add_autograd);
   m.impl("vector_add_out", &vector_add_out_autograd);
+}
+
+TORCH_LIBRARY_IMPL(myns, ADInplaceOrView, m) {
+  m.impl("vector_add_out", &vector_add_out_ad_inplace_or_view);
 }
 
 }  // namespace torchops

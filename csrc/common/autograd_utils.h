@@ -25,13 +25,28 @@ bool needs_grad(const Tensors&... inputs) {
   return c10::GradMode::is_enabled() && ((inputs.defined() && inputs.requires_grad()) || ...);
 }
 
-// An out= op records no graph: like torch's own out= ops, raise if any argument would need one.
+// Forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) keeps tangents at level 0 outside nesting.
+constexpr uint64_t kForwardGradLevel = 0;
+
+template <typename... Tensors>
+bool has_forward_grad(const Tensors&... inputs) {
+  return ((inputs.defined() && inputs._fw_grad(kForwardGradLevel).defined()) || ...);
+}
+
+// The tensor without its tangent (still tracked by backward-mode autograd).
+inline at::Tensor forward_primal(const at::Tensor& t) {
+  return t.defined() && t._fw_grad(kForwardGradLevel).defined() ? t._fw_primal(kForwardGradLevel) : t;
+}
+
+// An out= op records no graph: like torch's own out= ops, raise if any argument would need one
+// (backward mode, or a forward-mode tangent that the write would silently drop).
 inline void check_out_variant_not_differentiable(const char* op, std::initializer_list<NamedTensor> tensors) {
-  if (!c10::GradMode::is_enabled()) return;
   for (const auto& t : tensors) {
-    TORCHOPS_CHECK(!(t.tensor.defined() && t.tensor.requires_grad()), op,
+    TORCHOPS_CHECK(!(c10::GradMode::is_enabled() && t.tensor.defined() && t.tensor.requires_grad()), op,
                    "out= variants don't support automatic differentiation, but ", t.name,
                    " requires grad; use the functional op instead");
+    TORCHOPS_CHECK(!has_forward_grad(t.tensor), op, "out= variants don't support forward-mode AD, but ", t.name,
+                   " has a tangent; use the functional op instead");
   }
 }
 

@@ -32,7 +32,7 @@ void check_elementwise(const char* op, std::initializer_list<NamedTensor> tensor
 
 // An out= tensor may alias an input exactly (same storage, same strides), but must not overlap itself
 // (e.g. an expanded tensor) nor partially overlap an input: either would make the result depend on
-// the order threads run in.
+// the order threads run in. Overlap PyTorch can't decide (strided views of one storage) is refused.
 void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<NamedTensor> inputs);
 
 // Raised by collapse_layout (strided.h) for layouts with more than `max_dims` non-mergeable dimensions.
