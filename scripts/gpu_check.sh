@@ -44,7 +44,8 @@ fi
 # point, while torch itself is built with the system compiler. Build with the system g++ unless
 # TORCHOPS_KEEP_CXX=1; the compilers in play are logged to gpu.txt either way.
 { echo "CC=${CC:-} CXX=${CXX:-} sysconfig LDSHARED=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("LDSHARED"))')"
-  for c in "${CXX:-}" /usr/bin/g++; do [ -n "$c" ] && [ -x "$c" ] && echo "$c: $($c --version | head -1)"; done
+  for c in "${CXX:-}" "${CC:-}" /usr/bin/g++; do [ -n "$c" ] && [ -x "$c" ] && echo "$c: $($c --version | head -1) [$(file -b "$(readlink -f "$c")" | cut -c1-60)]"; done
+  echo "g++ -print-file-name=libstdc++.so: $(${CXX:-g++} -print-file-name=libstdc++.so) / .a: $(${CXX:-g++} -print-file-name=libstdc++.a)"
 } >"$OUT/compilers.txt" 2>&1
 if [ "${TORCHOPS_KEEP_CXX:-0}" != 1 ] && [ -x /usr/bin/g++ ]; then
   export CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/gcc -shared" LDCXXSHARED="/usr/bin/g++ -shared"
