@@ -105,11 +105,11 @@ def test_every_bit_pattern_rounds_like_torch_add(device: str, dtype: torch.dtype
     # Random 16-bit patterns cover subnormals, infinities, NaNs and rounding ties, through the vector
     # loops (CPU AVX2/F16C, CUDA 16-byte) and their scalar tails (odd length).
     n = (1 << 18) + 7
-    a = torch.randint(-(2**15), 2**15, (n,), dtype=torch.int16, device=device).view(dtype)
-    b = torch.randint(-(2**15), 2**15, (n,), dtype=torch.int16, device=device).view(dtype)
-    got, want = torchops.vector_add(a, b), torch.add(a, b)
-    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
-    assert bool(same.all()), f"{int((~same).sum())} elements differ from torch.add"
+    bits = lambda size: torch.randint(-(2**15), 2**15, (size,), dtype=torch.int16, device=device).view(dtype)  # noqa: E731
+    for a, b in ((bits(n), bits(n)), (bits(3 * n)[::3], bits(n))):  # dense, and a strided operand
+        got, want = torchops.vector_add(a, b), torch.add(a, b)
+        same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), f"{int((~same).sum())} elements differ from torch.add"
 
 
 def test_inf_and_nan_propagate() -> None:

@@ -9,6 +9,9 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TORCHOPS_HAS_AVX2_PATH 1
 #include <immintrin.h>
@@ -24,29 +27,60 @@ inline bool cpu_has_avx2() {
   return has;
 }
 
-TORCHOPS_TARGET_AVX2 inline __m256 load8_as_float(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+// 8 f16/bf16 values as raw 16-bit lanes <-> 8 f32 lanes. T selects the format.
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline __m256 bits8_to_float(__m128i bits) {
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    return _mm256_cvtph_ps(bits);
+  } else {  // bf16 is the top half of an f32
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+  }
 }
 
-TORCHOPS_TARGET_AVX2 inline __m256 load8_as_float(const c10::BFloat16* p) {
-  // bf16 is the top half of an f32.
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline __m128i float8_to_bits(__m256 v) {
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  } else {  // round to nearest even exactly as c10::BFloat16(float) does, NaN -> 0x7FC0
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), is_nan);
+    return _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+  }
 }
 
-TORCHOPS_TARGET_AVX2 inline void store8_from_float(c10::Half* p, __m256 v) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline __m256 load8_as_float(const T* p) {
+  return bits8_to_float<T>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-TORCHOPS_TARGET_AVX2 inline void store8_from_float(c10::BFloat16* p, __m256 v) {
-  // Round to nearest even exactly as c10::BFloat16(float) does, NaN -> 0x7FC0.
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), is_nan);
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline void store8_from_float(T* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), float8_to_bits<T>(v));
+}
+
+// Strided: the 8 values p[0], p[s], ..., p[7s] assembled in a register (a round trip through a small
+// buffer would stall on store-to-load forwarding), and the reverse.
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline __m256 gather8_as_float(const T* p, int64_t s) {
+  const auto* q = reinterpret_cast<const uint16_t*>(p);
+  return bits8_to_float<T>(_mm_setr_epi16(q[0], q[s], q[2 * s], q[3 * s], q[4 * s], q[5 * s], q[6 * s], q[7 * s]));
+}
+
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline void scatter8_from_float(T* p, int64_t s, __m256 v) {
+  const __m128i bits = float8_to_bits<T>(v);
+  auto* q = reinterpret_cast<uint16_t*>(p);
+  q[0] = _mm_extract_epi16(bits, 0);
+  q[s] = _mm_extract_epi16(bits, 1);
+  q[2 * s] = _mm_extract_epi16(bits, 2);
+  q[3 * s] = _mm_extract_epi16(bits, 3);
+  q[4 * s] = _mm_extract_epi16(bits, 4);
+  q[5 * s] = _mm_extract_epi16(bits, 5);
+  q[6 * s] = _mm_extract_epi16(bits, 6);
+  q[7 * s] = _mm_extract_epi16(bits, 7);
 }
 
 }  // namespace cpu

@@ -22,37 +22,54 @@ inline T add_scalar(T x, T y) {
   return static_cast<T>(static_cast<opmath_t<T>>(x) + static_cast<opmath_t<T>>(y));
 }
 
-#ifdef TORCHOPS_HAS_AVX2_PATH
-// The dense loop compiled for AVX2: f16/bf16 through hardware conversions, 8 lanes of f32 at a time;
-// the other types as a plain loop the compiler vectorises at 256 bits.
 template <typename T>
-TORCHOPS_TARGET_AVX2 void add_contiguous_avx2(const T* a, const T* b, T* out, int64_t n) {
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
-    for (; i + 8 <= n; i += 8) {
-      cpu::store8_from_float(out + i, _mm256_add_ps(cpu::load8_as_float(a + i), cpu::load8_as_float(b + i)));
+constexpr bool is_16bit_float = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
+
+#ifdef TORCHOPS_HAS_AVX2_PATH
+// out[j*so] = a[j*sa] + b[j*sb] compiled for AVX2. f16/bf16 go through hardware conversions 8 lanes at
+// a time (strided elements gathered into a register first); other dense types are a plain loop the
+// compiler vectorises at 256 bits.
+template <typename T>
+TORCHOPS_TARGET_AVX2 void add_run_avx2(const T* a, int64_t sa, const T* b, int64_t sb, T* out, int64_t so,
+                                       int64_t n) {
+  int64_t j = 0;
+  if (sa == 1 && sb == 1 && so == 1) {
+    if constexpr (is_16bit_float<T>) {
+      for (; j + 8 <= n; j += 8) {
+        cpu::store8_from_float(out + j, _mm256_add_ps(cpu::load8_as_float(a + j), cpu::load8_as_float(b + j)));
+      }
+    }
+    for (; j < n; ++j) out[j] = add_scalar(a[j], b[j]);
+    return;
+  }
+  if constexpr (is_16bit_float<T>) {
+    for (; j + 8 <= n; j += 8) {
+      const __m256 sum = _mm256_add_ps(cpu::gather8_as_float(a + j * sa, sa), cpu::gather8_as_float(b + j * sb, sb));
+      cpu::scatter8_from_float(out + j * so, so, sum);
     }
   }
-  for (; i < n; ++i) out[i] = add_scalar(a[i], b[i]);
+  for (; j < n; ++j) out[j * so] = add_scalar(a[j * sa], b[j * sb]);
 }
 #endif
 
-// out[i] = a[i] + b[i] for i in [0, n), all three dense.
+// out[j*so] = a[j*sa] + b[j*sb] for j in [0, n): one run of the innermost dimension.
 template <typename T>
-void add_contiguous(const T* a, const T* b, T* out, int64_t n) {
+void add_run(const T* a, int64_t sa, const T* b, int64_t sb, T* out, int64_t so, int64_t n) {
 #ifdef TORCHOPS_HAS_AVX2_PATH
-  if (cpu::cpu_has_avx2()) return add_contiguous_avx2(a, b, out, n);
+  if (cpu::cpu_has_avx2()) return add_run_avx2(a, sa, b, sb, out, so, n);
 #endif
-  using Vec = at::vec::Vectorized<T>;
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) {
-    (Vec::loadu(a + i) + Vec::loadu(b + i)).store(out + i);
+  int64_t j = 0;
+  if (sa == 1 && sb == 1 && so == 1) {
+    using Vec = at::vec::Vectorized<T>;
+    for (; j + Vec::size() <= n; j += Vec::size()) {
+      (Vec::loadu(a + j) + Vec::loadu(b + j)).store(out + j);
+    }
   }
-  for (; i < n; ++i) out[i] = add_scalar(a[i], b[i]);
+  for (; j < n; ++j) out[j * so] = add_scalar(a[j * sa], b[j * sb]);
 }
 
 // Walks [begin, end) of the logical order with an odometer over the collapsed layout; the innermost
-// dimension runs as a tight loop (vectorised when all three operands are dense there).
+// dimension runs as one add_run.
 template <typename T>
 void add_strided(const T* a, const T* b, T* out, const StridedLayout<3>& layout, int64_t begin, int64_t end) {
   const int inner = layout.ndim - 1;
@@ -74,11 +91,7 @@ void add_strided(const T* a, const T* b, T* out, const StridedLayout<3>& layout,
       ob += index[d] * layout.strides[2][d];
     }
     const int64_t run = std::min(inner_size - index[inner], end - pos);
-    if (so == 1 && sa == 1 && sb == 1) {
-      add_contiguous(a + oa, b + ob, out + oo, run);
-    } else {
-      for (int64_t j = 0; j < run; ++j) out[oo + j * so] = add_scalar(a[oa + j * sa], b[ob + j * sb]);
-    }
+    add_run(a + oa, sa, b + ob, sb, out + oo, so, run);
     pos += run;
     index[inner] += run;
     for (int d = inner; d > 0 && index[d] == layout.sizes[d]; --d) {
@@ -97,7 +110,7 @@ void vector_add_cpu_into(const at::Tensor& a, const at::Tensor& b, const at::Ten
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
     if (layout.ndim <= 1 && layout.is_contiguous(0) && layout.is_contiguous(1) && layout.is_contiguous(2)) {
       at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
-        add_contiguous(pa + begin, pb + begin, po + begin, end - begin);
+        add_run(pa + begin, 1, pb + begin, 1, po + begin, 1, end - begin);
       });
     } else {
       at::parallel_for(0, n, kGrainSize,
