@@ -1,8 +1,8 @@
 // vector_add on CUDA. Three paths, picked from the collapsed layout of (out, a, b):
 //   1-D     - out dense, inputs dense or evenly strided: 16-byte vector stores (and loads where the
 //             inputs are dense), kUnroll vectors in flight per thread, scalar head/tail;
-//   tiled   - 2-D with a column-major (e.g. transposed) operand: 32x32 tiles staged through shared
-//             memory so both that operand's reads and the output's writes are coalesced;
+//   tiled   - 2-D with a column-major (e.g. transposed) operand: 32x32 tiles (64x64 for 16-bit types)
+//             staged in shared memory, so that operand's reads and the output's writes are coalesced;
 //   strided - anything else: per-element offsets, 32-bit index math when the tensor allows it.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
