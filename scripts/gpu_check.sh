@@ -33,11 +33,13 @@ summary=()
 status=0
 note() { summary+=("$1"); echo "== $1"; }
 
-# Python packages the machine lacks (e.g. expecttest) travel as wheels in .whl/.
+# Python packages the machine lacks (expecttest) travel as wheels in .whl/ (git-ignored; make it with
+# `python3 -m pip download --no-deps -d .whl expecttest==0.3.0` and pass carry=[".whl"] to the device tool).
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/torchops-site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site"
 fi
+$PY -c "import expecttest" 2>/dev/null || note "setup: expecttest missing (see .whl/ above): tests/test_vector_add.py will fail to import"
 
 # The H200 image sets CC/CXX to a toolchain under /opt/gcc, and an extension built with it crashed
 # (SIGSEGV in libstdc++'s ostream code) on the first error message formatted in a CUDA kernel's entry
