@@ -131,6 +131,11 @@ def test_version_mismatch_is_a_readable_import_error() -> None:
         _native.check_torch_version("2.0.0", torch.__version__)
 
 
+def _called_ops(graph_module: torch.fx.GraphModule) -> str:
+    # Node targets rather than generated code: the code's formatting changes between torch releases.
+    return "\n".join(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
+
+
 class ExportedGraph(TestCase):
     def test_exported_graph_holds_exactly_the_myns_ops(self) -> None:
         class Residual(torch.nn.Module):
@@ -141,20 +146,17 @@ class ExportedGraph(TestCase):
         args = (torch.randn(4, 3), torch.randn(4, 3), torch.empty(4, 3))
         ep = torch.export.export(Residual(), args)
         self.assertExpectedInline(
-            ep.graph_module.code.strip(),
+            _called_ops(ep.graph_module),
             """\
-def forward(self, x, y, buf):
-    vector_add_out = torch.ops.myns.vector_add_out.default(x, y, buf);  x = vector_add_out = None
-    vector_add = torch.ops.myns.vector_add.default(buf, y);  buf = y = None
-    return (vector_add,)""",
+myns.vector_add_out.default
+myns.vector_add.default""",
         )
+        # Functionalized (what AOTInductor compiles): the mutation becomes auto_functionalized.
         functional = ep.run_decompositions()
         self.assertExpectedInline(
-            functional.graph_module.code.strip(),
+            _called_ops(functional.graph_module),
             """\
-def forward(self, x, y, buf):
-    auto_functionalized_v2 = torch.ops.higher_order.auto_functionalized_v2(torch.ops.myns.vector_add_out.default, a = x, b = y, _out_base_index = 0, _all_bases = [buf]);  x = buf = None
-    getitem_1 = auto_functionalized_v2[1];  auto_functionalized_v2 = None
-    vector_add = torch.ops.myns.vector_add.default(getitem_1, y);  y = None
-    return (getitem_1, vector_add)""",
+auto_functionalized_v2
+<built-in function getitem>
+myns.vector_add.default""",
         )
