@@ -41,10 +41,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 $PY -c "import expecttest" 2>/dev/null || note "setup: expecttest missing (see .whl/ above): tests/test_vector_add.py will fail to import"
 
-# The H200 image sets CC/CXX to a toolchain under /opt/gcc, and an extension built with it crashed
-# (SIGSEGV in libstdc++'s ostream code) on the first error message formatted in a CUDA kernel's entry
-# point, while torch itself is built with the system compiler. Build with the system g++ unless
-# TORCHOPS_KEEP_CXX=1; the compilers in play are logged to gpu.txt either way.
+# The H200 image sets CC/CXX to /opt/gcc wrappers whose toolchain has only a static libstdc++.a: an
+# extension linked with them carries a second libstdc++, and the process crashed (SIGSEGV in ostream
+# code) on the first error message formatted on the CUDA path. Built with the system g++ the same
+# code raises normally (seen 2026-11-30). So build with /usr/bin/g++ unless TORCHOPS_KEEP_CXX=1; the
+# compilers in play are logged to gpu.txt either way.
 { echo "CC=${CC:-} CXX=${CXX:-} sysconfig LDSHARED=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("LDSHARED"))')"
   for c in "${CXX:-}" "${CC:-}" /usr/bin/g++; do [ -n "$c" ] && [ -x "$c" ] && echo "$c: $($c --version | head -1) [$(file -b "$(readlink -f "$c")" | cut -c1-60)]"; done
   echo "g++ -print-file-name=libstdc++.so: $(${CXX:-g++} -print-file-name=libstdc++.so) / .a: $(${CXX:-g++} -print-file-name=libstdc++.a)"
