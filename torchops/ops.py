@@ -11,22 +11,15 @@ from torch import Tensor
 
 __all__ = ["vector_add"]
 
-
-def _eager_entry(overload: torch._ops.OpOverload):
-    """The C++ entry point behind an OpOverload, for eager calls.
-
-    ``OpOverload.__call__`` adds a Python frame and checks that only matter for ops with Python-level
-    dispatch; skipping them makes a small call as cheap as ``torch.add``. Under torch.compile the
-    OpOverload itself must be called, so dynamo sees the op (see ``_call``).
-    """
-    return overload._op
-
-
-# Resolved once: attribute lookups through torch.ops cost more than a small kernel launch.
+# Resolved once: attribute lookups through torch.ops cost about as much as a small kernel launch.
 _vector_add = torch.ops.myns.vector_add.default
 _vector_add_out = torch.ops.myns.vector_add_out.default
-_vector_add_eager = _eager_entry(_vector_add)
-_vector_add_out_eager = _eager_entry(_vector_add_out)
+# Eager calls go straight to the C++ entry behind each OpOverload: OpOverload.__call__ only adds a
+# Python frame and a check for ops with Python-level dispatch, which ours are not (torch function and
+# dispatch modes are still honoured in C++). Under torch.compile the OpOverload itself is called, so
+# dynamo sees the op.
+_EAGER = (_vector_add._op, _vector_add_out._op)
+_TRACEABLE = (_vector_add, _vector_add_out)
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -45,12 +38,8 @@ def vector_add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
     Differentiable in ``a`` and ``b`` (float dtypes). Works under ``torch.compile``, ``torch.export``,
     TorchScript (as ``torch.ops.myns.vector_add``) and AOTInductor.
     """
-    if _is_compiling():
-        if out is None:
-            return _vector_add(a, b)
-        _vector_add_out(a, b, out)
-        return out
+    add, add_out = _TRACEABLE if _is_compiling() else _EAGER
     if out is None:
-        return _vector_add_eager(a, b)
-    _vector_add_out_eager(a, b, out)
+        return add(a, b)
+    add_out(a, b, out)
     return out

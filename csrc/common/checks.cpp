@@ -68,12 +68,13 @@ void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<Na
     // may hide a partial overlap.
     const auto status = at::get_overlap_status(out.tensor, in.tensor);
     const bool same_view = out.tensor.data_ptr() == in.tensor.data_ptr() &&
-                           out.tensor.sizes().equals(in.tensor.sizes()) && out.tensor.strides().equals(in.tensor.strides());
+                           out.tensor.sizes().equals(in.tensor.sizes()) &&
+                           out.tensor.strides().equals(in.tensor.strides());
     const bool same_storage = out.tensor.has_storage() && in.tensor.has_storage() &&
                               out.tensor.storage().is_alias_of(in.tensor.storage());
     const bool too_hard = status == at::MemOverlapStatus::TooHard && same_storage && !same_view;
-    TORCHOPS_CHECK(status != at::MemOverlapStatus::Partial && !too_hard, op,
-                   out.name, " partially overlaps ", in.name, " (or may: both are strided views of one storage); ",
+    TORCHOPS_CHECK(status != at::MemOverlapStatus::Partial && !too_hard, op, out.name, " partially overlaps ",
+                   in.name, " (or may: both are strided views of one storage); ",
                    "pass the same tensor or a non-overlapping one");
   }
 }

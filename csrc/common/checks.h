@@ -17,8 +17,8 @@ struct NamedTensor {
   const at::Tensor& tensor;
 };
 
-// Defined in checks.cpp, not inline: building the messages (numbers, shapes) stays out of the nvcc-compiled
-// translation units, whose host code must not instantiate libstdc++ stream internals of its own.
+// Defined once in checks.cpp rather than inline: the message-building code is compiled in one place
+// instead of in every backend's translation unit (nvcc ones included).
 void check_defined(const char* op, NamedTensor t);
 void check_dtype_in(const char* op, NamedTensor t, std::initializer_list<at::ScalarType> allowed);
 void check_same_shape(const char* op, NamedTensor x, NamedTensor y);
