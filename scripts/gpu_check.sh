@@ -33,8 +33,9 @@ summary=()
 status=0
 note() { summary+=("$1"); echo "== $1"; }
 
-# Python packages the machine lacks (expecttest) travel as wheels in .whl/ (git-ignored; make it with
-# `python3 -m pip download --no-deps -d .whl expecttest==0.3.0` and pass carry=[".whl"] to the device tool).
+# Python packages the machine lacks (expecttest; pytest-xdist + execnet to run tests in parallel) travel as
+# wheels in .whl/ (git-ignored; make it with `python3 -m pip download --no-deps -d .whl expecttest==0.3.0
+# pytest-xdist==3.8.0 execnet==2.1.1` and pass carry=[".whl"] to the device tool).
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/torchops-site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site"
@@ -87,9 +88,12 @@ except RuntimeError as e:
 " >"$OUT/smoke.log" 2>&1; then note "smoke: $(tail -1 "$OUT/smoke.log")"
 else note "smoke: FAILED (rc $?): a CUDA-side error message crashes the process, see smoke.log"; status=1; fi
 
-# ---- tests
+# ---- tests: spread over worker processes when pytest-xdist is there (the compile/export/AOTI tests are
+# CPU-bound in Inductor; the machine has 16 cores), else serial.
 t0=$(date +%s)
-eval "$PY -m pytest $TEST_ARGS -q -rfEs --junitxml=\"$OUT/junit.xml\"" >"$OUT/tests.log" 2>&1
+XDIST=""
+$PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
+eval "$PY -m pytest $TEST_ARGS $XDIST -q -rfEs --junitxml=\"$OUT/junit.xml\"" >"$OUT/tests.log" 2>&1
 rc=$?
 [ $rc -ne 0 ] && status=1 && grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
 note "tests: $(tail -1 "$OUT/tests.log") (rc $rc, $(( $(date +%s) - t0 )) s)"
