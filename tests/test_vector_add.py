@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo.testing
 from expecttest import TestCase
 
 import torchops
@@ -129,6 +130,26 @@ def test_version_mismatch_is_a_readable_import_error() -> None:
     _native.check_torch_version(None, torch.__version__)  # no record: nothing to compare
     with pytest.raises(ImportError, match=r"built against torch 2\.0\.0 but torch .* is installed; rebuild it with `make build`"):
         _native.check_torch_version("2.0.0", torch.__version__)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrapper_compiles_to_the_ops_without_graph_breaks(device: str) -> None:
+    # The eager wrapper calls C++ entries dynamo can't see; the traced body registered for it must put
+    # both OpOverloads in one graph.
+    graphs = torch._dynamo.testing.EagerAndRecordGraphs()
+
+    def fn(x: torch.Tensor, y: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        z = torchops.vector_add(x, y)
+        return torchops.vector_add(z, y, out=buf) * 2
+
+    torch._dynamo.reset()
+    x, y = random_tensor((4, 3), torch.float32, device), random_tensor((4, 3), torch.float32, device)
+    buf = poison_(torch.empty_like(x))
+    got = torch.compile(fn, backend=graphs, fullgraph=True)(x, y, buf)
+    torch.testing.assert_close(got, (x + 2 * y) * 2)
+    torch.testing.assert_close(buf, x + 2 * y)
+    assert len(graphs.graphs) == 1
+    assert _called_ops(graphs.graphs[0]).splitlines()[:2] == ["myns.vector_add.default", "myns.vector_add_out.default"]
 
 
 def _called_ops(graph_module: torch.fx.GraphModule) -> str:
