@@ -9,7 +9,7 @@
 //             the last cols % kVec elements are a scalar tail), one element per thread otherwise (still
 //             coalesced); kUnroll vectors of each operand in flight per thread, one pass over the data;
 //   strided - anything else: per-element offsets (OffsetCalculator), 32-bit index math when it fits.
-// Index math is 64-bit for tensors of 2^31 or more vectors/elements.
+// Index math is 64-bit from ~2^31 vectors/elements on (kMax32BitWork).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,6 +28,9 @@ namespace cuda {
 
 constexpr int kElementwiseThreads = 128;
 constexpr int kElementwiseUnroll = 2;  // vectors per operand per thread, as vector_add (measured there)
+// Largest work count for 32-bit index math: a thread's index plus the grid stride (< 2 * (work + one
+// block's items)) stays below 2^32, and every index below 2^31 (FastDivmod, OffsetCalculator).
+constexpr int64_t kMax32BitWork = INT32_MAX - int64_t{kElementwiseThreads} * kElementwiseUnroll;
 
 template <typename T, int kIn, int kOut>
 struct ElementwisePointers {
@@ -164,7 +167,7 @@ void launch_rows(const ElementwisePointers<T, Op::kIn, Op::kOut>& p, const RowsV
   const int tail = static_cast<int>(view.cols - vecs_per_row * kVec);
   const int64_t total = view.rows * vecs_per_row;
   const unsigned int blocks = blocks_to_cover(total, kElementwiseThreads * kElementwiseUnroll);
-  if (total < (int64_t{1} << 31)) {
+  if (total <= kMax32BitWork) {
     const FastDivmod row_div(static_cast<uint32_t>(std::max<int64_t>(vecs_per_row, 1)));
     rows_elementwise_kernel<T, kVec, uint32_t, Op><<<blocks, kElementwiseThreads, 0, stream>>>(
         p, rs, static_cast<uint32_t>(total), static_cast<uint32_t>(vecs_per_row), row_div, tail, op);
@@ -180,7 +183,7 @@ void launch_strided(const ElementwisePointers<T, Op::kIn, Op::kOut>& p,
                     const StridedLayout<Op::kIn + Op::kOut>& layout, int64_t n, Op op, cudaStream_t stream) {
   const OffsetCalculator<Op::kIn + Op::kOut> calc(layout);
   const unsigned int blocks = blocks_to_cover(n, kElementwiseThreads * kElementwiseUnroll);
-  if (n < (int64_t{1} << 31)) {
+  if (n <= kMax32BitWork) {
     strided_elementwise_kernel<T, uint32_t, Op><<<blocks, kElementwiseThreads, 0, stream>>>(
         p, calc, static_cast<uint32_t>(n), op);
   } else {
