@@ -91,6 +91,12 @@ def _extension():
 
     opt = ["-O0", "-g"] if DEBUG else ["-O3"]
     cxx_flags = [*opt, "-fdiagnostics-color=always"]
+    # at::parallel_for is inline in ATen's headers: without -fopenmp its `#pragma omp parallel` is compiled
+    # out and every CPU kernel runs on one thread. The GOMP symbols resolve at load time to the libgomp.so.1
+    # torch itself loads (libtorch_cpu needs it), so there is one OpenMP runtime and torch.set_num_threads
+    # applies to our kernels too.
+    if sys.platform.startswith("linux") and torch.backends.openmp.is_available():
+        cxx_flags.append("-fopenmp")
     nvcc_flags = [*opt, "--expt-relaxed-constexpr", "-lineinfo"]
     archs = ""
     cuda_version = ""

@@ -12,6 +12,10 @@ TORCH_LIBRARY(myns, m) {
   m.set_python_module("meta_kernels.vector_add");
   m.def("vector_add(Tensor a, Tensor b) -> Tensor", tags);
   m.def("vector_add_out(Tensor a, Tensor b, Tensor(a!) out) -> ()", tags);
+
+  m.set_python_module("meta_kernels.swiglu");
+  m.def("swiglu(Tensor gate, Tensor up) -> Tensor", tags);
+  m.def("swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)", tags);
 }
 
 namespace {

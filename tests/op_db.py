@@ -99,20 +99,22 @@ def vector_add_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]
     return (random_tensor((n, 3), dtype, device), random_tensor((n, 3), dtype, device))
 
 
-def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor, torch.Tensor], tuple]) -> list[ErrorInput]:
-    """Shape, dtype and device mismatches and unsupported dtypes for an op taking (a, b, ...)."""
+def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor, torch.Tensor], tuple],
+                            names: tuple[str, str] = ("a", "b")) -> list[ErrorInput]:
+    """Shape, dtype and device mismatches and unsupported dtypes for an op taking (a, b, ...); `names` are
+    the schema's names of a and b."""
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
     cases = [
-        ErrorInput(Sample(extra(f32(4, 8), f32(4, 9))), r"myns::OP: a and b must have the same shape, got \[4, 8\] and \[4, 9\]"),
-        ErrorInput(Sample(extra(f32(4), f32(4).half())), r"myns::OP: a and b must have the same dtype, got Float and Half"),
-        ErrorInput(Sample(extra(f32(4) > 0, f32(4) > 0)), r"myns::OP: a has unsupported dtype Bool; supported: Half, BFloat16"),
-        ErrorInput(Sample(extra(f32(4).to(torch.complex64), f32(4).to(torch.complex64))), r"myns::OP: a has unsupported dtype ComplexFloat"),
-        ErrorInput(Sample(extra(f32(4).to(torch.int8), f32(4).to(torch.int8))), r"myns::OP: a has unsupported dtype Char"),
+        ErrorInput(Sample(extra(f32(4, 8), f32(4, 9))), r"myns::OP: <a> and <b> must have the same shape, got \[4, 8\] and \[4, 9\]"),
+        ErrorInput(Sample(extra(f32(4), f32(4).half())), r"myns::OP: <a> and <b> must have the same dtype, got Float and Half"),
+        ErrorInput(Sample(extra(f32(4) > 0, f32(4) > 0)), r"myns::OP: <a> has unsupported dtype Bool; supported: Half, BFloat16"),
+        ErrorInput(Sample(extra(f32(4).to(torch.complex64), f32(4).to(torch.complex64))), r"myns::OP: <a> has unsupported dtype ComplexFloat"),
+        ErrorInput(Sample(extra(f32(4).to(torch.int8), f32(4).to(torch.int8))), r"myns::OP: <a> has unsupported dtype Char"),
     ]
     if device == "cuda":
-        cases.append(ErrorInput(Sample(extra(f32(4), torch.randn(4))), r"myns::OP: a and b must be on the same device, got cuda:0 and cpu"))
+        cases.append(ErrorInput(Sample(extra(f32(4), torch.randn(4))), r"myns::OP: <a> and <b> must be on the same device, got cuda:0 and cpu"))
     for c in cases:
-        c.match = c.match.replace("OP", op)
+        c.match = c.match.replace("OP", op).replace("<a>", names[0]).replace("<b>", names[1])
     return cases
 
 
@@ -154,6 +156,146 @@ def vector_add_out_errors(device: str) -> list[ErrorInput]:
     return cases
 
 
+# ---------------------------------------------------------------------------------------------- swiglu
+# (shape, layout of gate, layout of up) as for vector_add, plus the halves of x.chunk(2, -1) (rows with a
+# row stride, read in place) built in _chunk_halves.
+_SWIGLU_CASES: list[tuple[tuple[int, ...], str, str]] = [
+    ((), "contiguous", "contiguous"),
+    ((0,), "contiguous", "contiguous"),
+    ((2, 0, 3), "contiguous", "contiguous"),
+    ((1,), "contiguous", "contiguous"),
+    ((7,), "contiguous", "contiguous"),
+    ((4097,), "contiguous", "contiguous"),
+    ((33,), "offset", "contiguous"),
+    ((1000,), "offset", "offset"),
+    ((3, 5), "transposed", "contiguous"),
+    ((33, 70), "transposed", "transposed"),
+    ((5, 9), "sliced", "contiguous"),
+    ((4, 6), "expanded", "contiguous"),
+    ((2, 3, 4), "permuted", "contiguous"),
+    ((2, 3, 4, 5, 6), "sliced", "permuted"),
+]
+
+# (leading shape, H, storage offset in elements): odd H (rows never 16-byte aligned: the scalar rows
+# path), H a multiple of every vector width (16-byte vectors), a misaligned base, a 3-D leading shape.
+_CHUNK_CASES: list[tuple[tuple[int, ...], int, int]] = [
+    ((5,), 7, 0),
+    ((3,), 33, 0),
+    ((4,), 16, 0),
+    ((6,), 64, 0),
+    ((5,), 16, 1),
+    ((2, 3), 24, 0),
+    ((1,), 40, 0),
+]
+
+
+def _chunk_halves(lead: tuple[int, ...], h: int, offset: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate, up = x.chunk(2, -1) for x of shape (*lead, 2h) starting `offset` elements into its storage."""
+    n = 2 * h
+    for s in lead:
+        n *= s
+    x = random_tensor((n + offset,), dtype, device)[offset:].view(*lead, 2 * h)
+    gate, up = x.chunk(2, dim=-1)
+    return gate, up
+
+
+def _large_gate(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+    """Random gate with |gate| up to 1e4 in places: exp(-gate) overflows f32 (and f64 at -1e4)."""
+    gate = random_tensor(shape, dtype, device)
+    big = torch.tensor([1e4, -1e4, 100.0, -100.0, 88.5, -88.5, 30.0, -30.0, 1e3, -1e3, 17.0, -17.0], dtype=torch.float64)
+    flat = gate.view(-1)
+    flat[: big.numel()] = big.to(dtype)
+    flat[-big.numel():] = big.flip(0).to(dtype)
+    return gate
+
+
+def _nonfinite_gate_up(dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    inf, nan = float("inf"), float("nan")
+    gate = torch.tensor([inf, -inf, nan, 0.0, 1.5, -2.0, inf, -inf, nan, 1e4, -1e4, 0.5, -0.5], dtype=torch.float64)
+    up = torch.tensor([1.5, 2.0, 1.0, inf, nan, -inf, 0.0, 0.0, 0.0, inf, inf, -inf, nan], dtype=torch.float64)
+    return gate.to(dtype=dtype, device=device), up.to(dtype=dtype, device=device)
+
+
+def _swiglu_pairs(device: str, dtype: torch.dtype, requires_grad: bool) -> list[tuple[torch.Tensor, torch.Tensor, str]]:
+    """(gate, up, description) for every swiglu layout; non-finite values only without grads (finite
+    differences of inf/NaN mean nothing)."""
+    pairs = [(make_layout(shape, dtype, device, lg), make_layout(shape, dtype, device, lu), f"{shape} {lg}+{lu}")
+             for shape, lg, lu in _SWIGLU_CASES]
+    for lead, h, offset in _CHUNK_CASES:
+        gate, up = _chunk_halves(lead, h, offset, dtype, device)
+        pairs.append((gate, up, f"chunk halves of {(*lead, 2 * h)}, offset {offset}"))
+    pairs.append((_large_gate((9, 40), dtype, device), random_tensor((9, 40), dtype, device), "|gate| up to 1e4"))
+    pairs.append((_large_gate((3, 24), dtype, device).t(), random_tensor((24, 3), dtype, device), "|gate| up to 1e4, transposed"))
+    if not requires_grad:
+        gate, up = _nonfinite_gate_up(dtype, device)
+        pairs.append((gate, up, "inf/nan"))
+        gate, up = _nonfinite_gate_up(dtype, device)
+        pairs.append((gate.repeat(2)[::2], up, "inf/nan, strided"))
+    return [(_grad(g, requires_grad), _grad(u, requires_grad), desc) for g, u, desc in pairs]
+
+
+def swiglu_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    return [Sample((gate, up), desc=desc) for gate, up, desc in _swiglu_pairs(device, dtype, requires_grad)]
+
+
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def swiglu_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (random_tensor((n, 3), dtype, device), random_tensor((n, 3), dtype, device))
+
+
+def swiglu_errors(device: str) -> list[ErrorInput]:
+    cases = _binary_metadata_errors("swiglu", device, lambda a, b: (a, b), names=("gate", "up"))
+    i32 = lambda *s: torch.randint(-5, 5, s, dtype=torch.int32, device=device)  # noqa: E731
+    cases.append(ErrorInput(Sample((i32(4), i32(4))), r"myns::swiglu: gate has unsupported dtype Int; supported: Half, BFloat16, Float, Double"))
+    return cases
+
+
+def swiglu_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    samples = []
+    for gate, up, desc in _swiglu_pairs(device, dtype, requires_grad):
+        grad_out = _grad(random_tensor(gate.shape, dtype, device), requires_grad)
+        samples.append(Sample((grad_out, gate, up), desc=desc))
+    # The grad of out.sum(): ones expanded (stride 0 everywhere), next to chunk halves.
+    gate, up = _chunk_halves((6,), 16, 0, dtype, device)
+    ones = torch.ones((), dtype=dtype, device=device).expand(6, 16)
+    samples.append(Sample((ones, _grad(gate, requires_grad), _grad(up, requires_grad)), desc="expanded grad_out, chunk halves"))
+    gate, up = _chunk_halves((5,), 7, 1, dtype, device)
+    grad_out = make_layout((7, 5), dtype, device, "contiguous").t()
+    samples.append(Sample((_grad(grad_out, requires_grad), _grad(gate, requires_grad), _grad(up, requires_grad)),
+                          desc="transposed grad_out, odd chunk halves"))
+    if not requires_grad:
+        gate, up = _nonfinite_gate_up(dtype, device)
+        grad_out = torch.tensor([1.0, 2.0, -1.0, 0.5, 1.0, float("inf"), float("nan"), 1.0, 2.0, 3.0, -3.0, 1.0, 1.0],
+                                dtype=dtype, device=device)
+        samples.append(Sample((grad_out, gate, up), desc="inf/nan in grad_out too"))
+    return samples
+
+
+def swiglu_backward_reference(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # torch's own silu derivative, sigmoid(x) * (1 + x * (1 - sigmoid(x))), in float64.
+    s = torch.sigmoid(gate)
+    return grad_out * up * (s * (1 + gate * (1 - s))), grad_out * torch.nn.functional.silu(gate)
+
+
+def swiglu_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return tuple(random_tensor((n, 3), dtype, device) for _ in range(3))
+
+
+def swiglu_backward_errors(device: str) -> list[ErrorInput]:
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    cases = _binary_metadata_errors("swiglu_backward", device, lambda a, b: (a, b, a.clone()), names=("grad_out", "gate"))
+    cases += [
+        ErrorInput(Sample((f32(4, 8), f32(4, 8), f32(4, 9))), r"myns::swiglu_backward: grad_out and up must have the same shape, got \[4, 8\] and \[4, 9\]"),
+        ErrorInput(Sample((f32(4), f32(4), f32(4).double())), r"myns::swiglu_backward: grad_out and up must have the same dtype, got Float and Double"),
+        ErrorInput(Sample(tuple(torch.randint(-5, 5, (4,), device=device) for _ in range(3))),
+                   r"myns::swiglu_backward: grad_out has unsupported dtype Long; supported: Half, BFloat16, Float, Double"),
+    ]
+    return cases
+
+
 OP_DB: list[OpInfo] = [
     OpInfo(
         name="vector_add",
@@ -172,6 +314,23 @@ OP_DB: list[OpInfo] = [
         sized_inputs=vector_add_out_sized,
         differentiable=False,
         mutated_arg=2,
+    ),
+    OpInfo(
+        name="swiglu",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=swiglu_samples,
+        reference=swiglu_reference,
+        error_inputs=swiglu_errors,
+        sized_inputs=swiglu_sized,
+    ),
+    # Differentiable: its double backward (ATen math in csrc/autograd/swiglu.cpp) is gradchecked here.
+    OpInfo(
+        name="swiglu_backward",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=swiglu_backward_samples,
+        reference=swiglu_backward_reference,
+        error_inputs=swiglu_backward_errors,
+        sized_inputs=swiglu_backward_sized,
     ),
 ]
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["vector_add"]
+__all__ = ["swiglu", "vector_add"]
 
 # Resolved once: attribute lookups through torch.ops cost about as much as a small kernel launch.
 _vector_add = torch.ops.myns.vector_add.default
 _vector_add_out = torch.ops.myns.vector_add_out.default
+_swiglu = torch.ops.myns.swiglu.default
 
 # Each wrapper comes in two bodies with the same logic. The public one calls the C++ entry behind each
 # OpOverload (`._op`): OpOverload.__call__ only adds a Python frame and a check for ops with Python-level
@@ -23,6 +24,7 @@ _vector_add_out = torch.ops.myns.vector_add_out.default
 # graph. (A runtime `is_compiling()` branch would cost eager calls ~0.4 us.)
 _vector_add_c = _vector_add._op
 _vector_add_out_c = _vector_add_out._op
+_swiglu_c = _swiglu._op
 
 
 def vector_add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
@@ -52,3 +54,32 @@ def _vector_add_traced(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Te
         return _vector_add(a, b)
     _vector_add_out(a, b, out)
     return out
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """SwiGLU activation ``silu(gate) * up`` (``silu(x) = x * sigmoid(x)``), fused in one pass.
+
+    Args:
+        gate, up: tensors of the same shape, dtype (float16, bfloat16, float32 or float64) and device.
+            Any strides: the two halves of ``x.chunk(2, dim=-1)`` are read in place, without copies.
+            No broadcasting and no type promotion.
+
+    Returns:
+        A new contiguous tensor of ``gate``'s shape and dtype. float16/bfloat16 are computed in float32.
+
+    Differentiable in ``gate`` and ``up``: the backward is the ``myns::swiglu_backward`` op, which
+    recomputes the sigmoid instead of saving activations (it is itself differentiable, for double
+    backward). Forward-mode AD (``torch.func.jvp``) is supported. Works under ``torch.compile``,
+    ``torch.export``, TorchScript (as ``torch.ops.myns.swiglu``) and AOTInductor.
+
+    Example::
+
+        >>> x = torch.randn(4, 2 * 11008)           # fused gate/up projection output
+        >>> y = torchops.swiglu(*x.chunk(2, dim=-1))  # (4, 11008)
+    """
+    return _swiglu_c(gate, up)
+
+
+@torch.compiler.substitute_in_graph(swiglu)
+def _swiglu_traced(gate: Tensor, up: Tensor) -> Tensor:
+    return _swiglu(gate, up)

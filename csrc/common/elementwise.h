@@ -1,9 +1,10 @@
-// Front halves of binary elementwise ops (vector_add, swiglu, ...), shared by the CPU and CUDA
+// Front halves of elementwise ops (vector_add, swiglu, swiglu_backward, ...), shared by the CPU and CUDA
 // backends: validate, allocate or validate the output, then hand (a, b, out) to the backend's kernel.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <initializer_list>
 
 #include "checks.h"
@@ -21,6 +22,19 @@ at::Tensor binary_elementwise(const char* op, NamedTensor a, NamedTensor b,
   at::Tensor out = empty_like_dense(a.tensor);
   if (out.numel() > 0) kernel(a.tensor, b.tensor, out);
   return out;
+}
+
+// Several outputs (e.g. swiglu_backward's two grads): `kernel(outs)` must write every element of the
+// kOut new dense tensors of inputs[0]'s shape and dtype (the kernel captures the inputs itself).
+template <size_t kOut, typename EmptyLikeDense, typename Kernel>
+std::array<at::Tensor, kOut> multi_output_elementwise(const char* op, std::initializer_list<NamedTensor> inputs,
+                                                      std::initializer_list<at::ScalarType> dtypes,
+                                                      EmptyLikeDense&& empty_like_dense, Kernel&& kernel) {
+  check_elementwise(op, inputs, dtypes);
+  std::array<at::Tensor, kOut> outs;
+  for (auto& out : outs) out = empty_like_dense(inputs.begin()->tensor);
+  if (outs[0].numel() > 0) kernel(outs);
+  return outs;
 }
 
 // out= form: `out` must match a and b exactly (no resizing) and may alias either of them exactly.

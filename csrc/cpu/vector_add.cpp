@@ -68,37 +68,14 @@ void add_run(const T* a, int64_t sa, const T* b, int64_t sb, T* out, int64_t so,
   for (; j < n; ++j) out[j * so] = add_scalar(a[j * sa], b[j * sb]);
 }
 
-// Walks [begin, end) of the logical order with an odometer over the collapsed layout; the innermost
-// dimension runs as one add_run.
+// Walks [begin, end) of the logical order over the collapsed layout; the innermost dimension runs as
+// one add_run.
 template <typename T>
 void add_strided(const T* a, const T* b, T* out, const StridedLayout<3>& layout, int64_t begin, int64_t end) {
-  const int inner = layout.ndim - 1;
-  const int64_t inner_size = layout.sizes[inner];
-  const int64_t so = layout.strides[0][inner], sa = layout.strides[1][inner], sb = layout.strides[2][inner];
-
-  int64_t index[kMaxDims];
-  int64_t rest = begin;
-  for (int d = inner; d >= 0; --d) {
-    index[d] = rest % layout.sizes[d];
-    rest /= layout.sizes[d];
-  }
-  int64_t pos = begin;
-  while (pos < end) {
-    int64_t oo = 0, oa = 0, ob = 0;
-    for (int d = 0; d <= inner; ++d) {
-      oo += index[d] * layout.strides[0][d];
-      oa += index[d] * layout.strides[1][d];
-      ob += index[d] * layout.strides[2][d];
-    }
-    const int64_t run = std::min(inner_size - index[inner], end - pos);
-    add_run(a + oa, sa, b + ob, sb, out + oo, so, run);
-    pos += run;
-    index[inner] += run;
-    for (int d = inner; d > 0 && index[d] == layout.sizes[d]; --d) {
-      index[d] = 0;
-      ++index[d - 1];
-    }
-  }
+  const int64_t so = inner_stride(layout, 0), sa = inner_stride(layout, 1), sb = inner_stride(layout, 2);
+  for_each_run(layout, begin, end, [&](const int64_t (&offsets)[3], int64_t run) {
+    add_run(a + offsets[1], sa, b + offsets[2], sb, out + offsets[0], so, run);
+  });
 }
 
 void vector_add_cpu_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {

@@ -1,0 +1,211 @@
+"""Benchmark ``torchops.swiglu`` (forward and backward) against eager ``F.silu(g) * u`` and ``torch.compile`` of it.
+
+LLaMA MLP shapes: gate and up are the two halves of one fused projection, ``x.chunk(2, -1)`` of a
+(tokens, 2*hidden) tensor (``--layouts contiguous`` adds separate dense tensors). On the same tensors in
+the same run: forward (3 tensors moved: gate, up read, out written) and backward through autograd
+(5 tensors: grad_out, gate, up read, grad_gate, grad_up written; each impl's own backward: eager runs
+mul's and silu's backward kernels, compile runs the Inductor backward of the compiled function, torchops
+runs myns::swiglu_backward), bandwidth against a device-to-device copy measured in the same run, and the
+peak memory of forward+backward from a leaf x (CUDA).
+
+    python benchmarks/bench_swiglu.py [--device cuda|cpu] [--quick] [--dtypes bf16,f32] [--threads N]
+                                      [--layouts chunk,contiguous] [--no-compile] [--out-dir DIR]
+    python -m benchmarks.bench_swiglu ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-place-built `torchops`) importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import harness as H
+
+OP = "swiglu"
+IMPL = "torchops"
+EAGER = "eager silu*mul"
+COMPILED = "torch.compile"
+# Tolerances of the pre-timing check against eager (eager rounds silu to the dtype before the product).
+CHECK_TOL = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3), torch.float32: (1e-5, 1e-5),
+             torch.float64: (1e-10, 1e-10)}
+
+
+def reference_math(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def shapes(device: str, quick: bool) -> list[tuple[int, int]]:
+    """(tokens, hidden): LLaMA-7B/8B/70B-style intermediate sizes on the GPU; a smaller CPU set."""
+    if quick:
+        return [(64, 1024), (128, 2816)]
+    if device == "cuda":
+        return [(t, h) for t in (4096, 8192, 16384) for h in (11008, 14336, 28672)]
+    return [(512, 11008), (1024, 14336)]
+
+
+def make_inputs(layout: str, tokens: int, hidden: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if layout == "chunk":
+        gate, up = H.rand((tokens, 2 * hidden), dtype, device).chunk(2, dim=-1)
+        return gate, up
+    return H.rand((tokens, hidden), dtype, device), H.rand((tokens, hidden), dtype, device)
+
+
+def _check(got, want, dtype: torch.dtype, what: str) -> None:
+    rtol, atol = CHECK_TOL[dtype]
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def _backward_timer(fn: Callable, gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor) -> tuple[Callable[[], object], tuple]:
+    """A callable running only the backward of fn(gate, up) (graph kept), and its first result."""
+    g, u = gate.detach().requires_grad_(), up.detach().requires_grad_()  # leaves, still views of x
+    out = fn(g, u)
+    run = lambda: torch.autograd.grad(out, (g, u), grad, retain_graph=True)  # noqa: E731
+    return run, run()
+
+
+def peak_fwd_bwd_bytes(fn: Callable, x: torch.Tensor, grad: torch.Tensor) -> int:
+    """Peak CUDA memory above what was allocated before one forward+backward from the leaf x."""
+    leaf = x.detach().requires_grad_()
+    H.free_memory("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn(*leaf.chunk(2, dim=-1)).backward(grad)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del leaf
+    return peak
+
+
+def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> list[H.Result]:
+    out: list[H.Result] = []
+    for dtype in args.dtypes:
+        for layout in args.layouts:
+            for tokens, hidden in shapes(args.device, args.quick):
+                shape = f"{tokens}x{hidden}"
+                n = tokens * hidden
+                gate, up = make_inputs(layout, tokens, hidden, dtype, args.device)
+                grad = H.rand((tokens, hidden), dtype, args.device)
+                impls: dict[str, Callable] = {EAGER: reference_math, IMPL: swiglu}
+                if args.compile:
+                    torch._dynamo.reset()
+                    # Static shapes: Inductor's best case for each shape (one compile per shape).
+                    impls[COMPILED] = torch.compile(reference_math, dynamic=False)
+                common = dict(op=OP, dtype=dtype, shape=shape, numel=n, device=args.device, copy_bps=copy_bps)
+
+                # Forward: 2 reads + 1 write.
+                want = reference_math(gate, up)
+                fwd_ms = {}
+                for name, fn in impls.items():
+                    _check(fn(gate, up), want, dtype, f"{name} forward {shape}")
+                    fwd_ms[name] = H.time_ms(lambda fn=fn: fn(gate, up), args.device, quick=args.quick)
+                del want
+                for name, ms in fwd_ms.items():
+                    out.append(H.bandwidth_result(case=f"fwd {layout}", impl=name, ms=ms, nbytes=3 * n * gate.element_size(),
+                                                  baseline=EAGER, baseline_ms=fwd_ms[EAGER], **common))
+                    if name == IMPL and COMPILED in fwd_ms:
+                        out[-1].extra["vs_compiled"] = H.speedup(fwd_ms[COMPILED], ms)
+
+                # Backward through autograd: 3 reads + 2 writes.
+                bwd_ms = {}
+                want_grads = None
+                for name, fn in impls.items():
+                    run, grads = _backward_timer(fn, gate, up, grad)
+                    if want_grads is None:
+                        want_grads = grads
+                    else:
+                        for got, exp in zip(grads, want_grads):
+                            _check(got, exp, dtype, f"{name} backward {shape}")
+                    del grads
+                    bwd_ms[name] = H.time_ms(run, args.device, quick=args.quick)
+                    del run
+                    H.free_memory(args.device)
+                del want_grads
+                for name, ms in bwd_ms.items():
+                    out.append(H.bandwidth_result(case=f"bwd {layout}", impl=name, ms=ms, nbytes=5 * n * gate.element_size(),
+                                                  baseline=EAGER, baseline_ms=bwd_ms[EAGER], **common))
+                    if name == IMPL and COMPILED in bwd_ms:
+                        out[-1].extra["vs_compiled"] = H.speedup(bwd_ms[COMPILED], ms)
+
+                if args.device == "cuda" and layout == "chunk":
+                    x = gate._base if gate._base is not None else torch.cat([gate, up], dim=-1)
+                    peaks = {name: peak_fwd_bwd_bytes(fn, x, grad) for name, fn in impls.items()}
+                    for name, peak in peaks.items():
+                        out.append(H.Result(op=OP, case="peak MiB fwd+bwd", dtype=H.DTYPE_NAMES[dtype], shape=shape,
+                                            numel=n, impl=name, device=args.device, ms=0.0,
+                                            speedup=peaks[EAGER] / peak if peak else None, baseline=EAGER,
+                                            extra={"peak_bytes": peak, "peak_mib": peak / H.MiB}))
+                del gate, up, grad, impls
+                H.free_memory(args.device)
+                print(f"  {H.DTYPE_NAMES[dtype]} {layout} {shape} done", file=sys.stderr, flush=True)
+    return out
+
+
+def summarize(results: Sequence[H.Result], device: str, copy_bps: float) -> str:
+    """The §6 figures (swiglu fwd and bwd >= 1.00x compiled, >= 1.7x eager) at the largest shape measured."""
+    top = max((r.numel for r in results if r.op == OP), default=0)
+    parts: list[str] = []
+    for dt in ("bf16", "f32"):
+        for case in ("fwd chunk", "bwd chunk", "fwd contiguous", "bwd contiguous"):
+            r = next((r for r in results if r.numel == top and r.dtype == dt and r.case == case and r.impl == IMPL), None)
+            if r is None:
+                continue
+            vs_c = r.extra.get("vs_compiled")
+            text = f"{dt} {case} {r.speedup:.2f}× eager"
+            if vs_c is not None:
+                text += f", {vs_c:.2f}× compiled"
+            if device == "cuda":
+                text += f", {r.pct_copy:.1f}% of copy"
+                ok = r.speedup >= 1.7 and (vs_c is None or vs_c >= 1.0)
+                text += " (bar ok)" if ok else " (bar MISSED: >=1.7x eager, >=1.00x compiled)"
+            parts.append(text)
+        peak = {r.impl: r for r in results if r.numel == top and r.dtype == dt and r.case == "peak MiB fwd+bwd"}
+        if IMPL in peak and EAGER in peak:
+            parts.append(f"{dt} peak fwd+bwd {peak[IMPL].extra['peak_mib']:.0f} MiB vs eager "
+                         f"{peak[EAGER].extra['peak_mib']:.0f} MiB" +
+                         (f", compiled {peak[COMPILED].extra['peak_mib']:.0f} MiB" if COMPILED in peak else ""))
+    if device == "cuda":
+        parts.append(f"copy {copy_bps / 1e12:.2f} TB/s")
+    shape = next((r.shape for r in results if r.numel == top and r.op == OP), "?")
+    return f"Summary swiglu ({shape}; speedup > 1 = faster): " + "; ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = H.make_parser(__doc__.splitlines()[0], default_dtypes=("bf16", "f32"))
+    parser.add_argument("--layouts", default="chunk", help="comma-separated subset of chunk,contiguous (default: %(default)s)")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile baseline")
+    args = H.parse_args(parser, argv)
+    args.layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
+    if not args.layouts or any(s not in ("chunk", "contiguous") for s in args.layouts):
+        parser.error("--layouts: choose from chunk, contiguous")
+    try:
+        import torchops
+    except ImportError as e:
+        print(f"torchops is not importable ({e}); build it first (see README / `make`).", file=sys.stderr)
+        return 2
+
+    floor = H.GPU_COPY_MIN_BYTES if args.device == "cuda" else H.CPU_COPY_MIN_BYTES
+    largest = max(t * h for t, h in shapes(args.device, args.quick)) * max(d.itemsize for d in args.dtypes)
+    copy_bytes = max(floor, largest)
+    copy_bps = H.copy_bandwidth(args.device, copy_bytes, quick=args.quick)
+    copy_row = H.Result(op="copy_", case="copy", dtype="u8", shape=f"{copy_bytes >> 20} MiB", numel=copy_bytes,
+                        impl="dst.copy_(src)", device=args.device, ms=2 * copy_bytes / copy_bps * 1e3,
+                        nbytes=2 * copy_bytes, tbps=copy_bps / 1e12, pct_copy=100.0)
+
+    results = [copy_row] + bench(args, torchops.swiglu, copy_bps)
+    summary = summarize(results, args.device, copy_bps)
+    H.emit(results, f"{OP}_{args.device}" + ("_quick" if args.quick else ""), out_dir=args.out_dir, summary=summary,
+           meta={"copy_bytes": copy_bytes, "copy_tbps": copy_bps / 1e12, "layouts": args.layouts,
+                 "compile": args.compile})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+// CPU driver for elementwise ops with several inputs and outputs (swiglu, swiglu_backward): outputs are
+// new dense tensors, inputs have any strides. The collapsed layout is split across cores with
+// at::parallel_for and walked run by run (for_each_run), so rows with a row stride and a contiguous
+// last dim (the halves of x.chunk(2, -1)) stream through the vector loop without copies.
+//
+// An Op is a struct with kIn, kOut and a scalar `operator()(const A (&x)[kIn], A (&y)[kOut])` on the
+// op-math type A (activations.h); on x86-64 it also has
+//   TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], __m256 (&y)[kOut]);
+// used for f32/f16/bf16 when the processor has AVX2+FMA+F16C. f64 (and other processors) run the scalar
+// operator(), in f64.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <type_traits>
+
+#include "cpu_avx2.h"
+#include "dispatch.h"
+#include "strided.h"
+
+namespace torchops {
+namespace cpu {
+
+// Pointers and innermost strides of one run: in[k][j * in_stride[k]] for j in [0, n).
+template <typename T, int kIn, int kOut>
+struct Run {
+  const T* in[kIn];
+  int64_t in_stride[kIn];
+  T* out[kOut];
+  int64_t out_stride[kOut];
+};
+
+template <typename T, typename Op>
+void scalar_run(const Run<T, Op::kIn, Op::kOut>& r, int64_t n) {
+  using A = opmath_t<T>;
+  const Op op;
+  for (int64_t j = 0; j < n; ++j) {
+    A x[Op::kIn], y[Op::kOut];
+    for (int k = 0; k < Op::kIn; ++k) x[k] = static_cast<A>(r.in[k][j * r.in_stride[k]]);
+    op(x, y);
+    for (int k = 0; k < Op::kOut; ++k) r.out[k][j * r.out_stride[k]] = static_cast<T>(y[k]);
+  }
+}
+
+#ifdef TORCHOPS_HAS_AVX2_PATH
+// 8 lanes at a time: dense loads/stores when every stride is 1, lanes gathered/scattered otherwise. The
+// last n % 8 elements go through a zero-padded lane buffer, so every element gets the same vector math
+// whatever its position or layout.
+template <typename T, typename Op>
+TORCHOPS_TARGET_AVX2 void avx2_run(const Run<T, Op::kIn, Op::kOut>& r, int64_t n) {
+  constexpr int kIn = Op::kIn, kOut = Op::kOut;
+  bool dense = true;
+  for (int k = 0; k < kIn; ++k) dense = dense && r.in_stride[k] == 1;
+  for (int k = 0; k < kOut; ++k) dense = dense && r.out_stride[k] == 1;
+  __m256 x[kIn], y[kOut];
+  int64_t j = 0;
+  if (dense) {
+    for (; j + 8 <= n; j += 8) {
+      for (int k = 0; k < kIn; ++k) x[k] = load8_as_float(r.in[k] + j);
+      Op::vec8(x, y);
+      for (int k = 0; k < kOut; ++k) store8_from_float(r.out[k] + j, y[k]);
+    }
+  } else {
+    for (; j + 8 <= n; j += 8) {
+      for (int k = 0; k < kIn; ++k) x[k] = gather8_as_float(r.in[k] + j * r.in_stride[k], r.in_stride[k]);
+      Op::vec8(x, y);
+      for (int k = 0; k < kOut; ++k) scatter8_from_float(r.out[k] + j * r.out_stride[k], r.out_stride[k], y[k]);
+    }
+  }
+  const int64_t rem = n - j;
+  if (rem > 0) {
+    alignas(32) float lanes[kIn > kOut ? kIn : kOut][8];
+    for (int k = 0; k < kIn; ++k) {
+      for (int e = 0; e < 8; ++e) lanes[k][e] = e < rem ? static_cast<float>(r.in[k][(j + e) * r.in_stride[k]]) : 0.0f;
+      x[k] = _mm256_load_ps(lanes[k]);
+    }
+    Op::vec8(x, y);
+    for (int k = 0; k < kOut; ++k) {
+      _mm256_store_ps(lanes[k], y[k]);
+      for (int e = 0; e < rem; ++e) r.out[k][(j + e) * r.out_stride[k]] = static_cast<T>(lanes[k][e]);
+    }
+  }
+}
+#endif
+
+template <typename T, typename Op>
+void run_elementwise(const Run<T, Op::kIn, Op::kOut>& r, int64_t n) {
+#ifdef TORCHOPS_HAS_AVX2_PATH
+  if constexpr (!std::is_same_v<T, double>) {
+    if (cpu_has_avx2()) return avx2_run<T, Op>(r, n);
+  }
+#endif
+  scalar_run<T, Op>(r, n);
+}
+
+// outs[k] (dense, written) = Op(ins...) elementwise over the common shape; `name` names the op in errors.
+template <typename T, typename Op>
+void elementwise_kernel(const char* name, const std::array<at::Tensor, Op::kOut>& outs,
+                        const std::array<at::Tensor, Op::kIn>& ins, int64_t grain_size) {
+  constexpr int kIn = Op::kIn, kOut = Op::kOut;
+  std::array<at::Tensor, kIn + kOut> all;
+  for (int k = 0; k < kOut; ++k) all[k] = outs[k];
+  for (int k = 0; k < kIn; ++k) all[kOut + k] = ins[k];
+  const auto layout = collapse_layout<kIn + kOut>(name, all);
+  Run<T, kIn, kOut> base;
+  for (int k = 0; k < kOut; ++k) {
+    base.out[k] = outs[k].template mutable_data_ptr<T>();
+    base.out_stride[k] = inner_stride(layout, k);
+  }
+  for (int k = 0; k < kIn; ++k) {
+    base.in[k] = ins[k].template const_data_ptr<T>();
+    base.in_stride[k] = inner_stride(layout, kOut + k);
+  }
+  at::parallel_for(0, outs[0].numel(), grain_size, [&](int64_t begin, int64_t end) {
+    for_each_run(layout, begin, end, [&](const int64_t (&offsets)[kIn + kOut], int64_t n) {
+      Run<T, kIn, kOut> r = base;
+      for (int k = 0; k < kOut; ++k) r.out[k] += offsets[k];
+      for (int k = 0; k < kIn; ++k) r.in[k] += offsets[kOut + k];
+      run_elementwise<T, Op>(r, n);
+    });
+  });
+}
+
+}  // namespace cpu
+}  // namespace torchops
