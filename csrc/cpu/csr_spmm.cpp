@@ -3,7 +3,7 @@
 // Every kernel first validates the CSR structure (crow_indices[0] = 0, non-decreasing, crow_indices[M] = nnz,
 // 0 <= col < K), so the loops below never index out of bounds. Rows are split into chunks of about equal
 // cost (nonzeros + rows) for at::parallel_for, so a few very long rows don't leave one core with all the work.
-//   forward     per row, register tiles of 64 (then 8) output columns accumulated in f32 over the row's
+//   forward     per row, register tiles of 64 (then 32, 16, 8) output columns accumulated in f32 over the row's
 //               nonzeros (AVX2/FMA/F16C when the processor has them), f64 for f64; at::vec otherwise;
 //   sddmm       one dot product per nonzero, 8 lanes at a time;
 //   transpose   a stable counting sort (serial: O(nnz), deterministic).
@@ -101,8 +101,20 @@ TORCHOPS_TARGET_AVX2 void spmm_rows_avx2(const Index* crow, const Index* col, co
     const T* vals = val + begin;
     T* out_row = out + r * N;
     int64_t j = 0;
+    // Widest tiles first: each tile walks the row's nonzeros once, so N = 32 is one pass, not four.
     for (; j + 64 <= N; j += 64) row_tile_avx2<8>(cols, vals, len, dense, ld, j, out_row);
-    for (; j + 8 <= N; j += 8) row_tile_avx2<1>(cols, vals, len, dense, ld, j, out_row);
+    if (j + 32 <= N) {
+      row_tile_avx2<4>(cols, vals, len, dense, ld, j, out_row);
+      j += 32;
+    }
+    if (j + 16 <= N) {
+      row_tile_avx2<2>(cols, vals, len, dense, ld, j, out_row);
+      j += 16;
+    }
+    if (j + 8 <= N) {
+      row_tile_avx2<1>(cols, vals, len, dense, ld, j, out_row);
+      j += 8;
+    }
     for (; j < N; ++j) {  // the last N % 8 columns
       float s = 0.f;
       for (int64_t p = 0; p < len; ++p) s += static_cast<float>(vals[p]) * static_cast<float>(dense[cols[p] * ld + j]);
