@@ -16,6 +16,17 @@ TORCH_LIBRARY(myns, m) {
   m.set_python_module("meta_kernels.swiglu");
   m.def("swiglu(Tensor gate, Tensor up) -> Tensor", tags);
   m.def("swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)", tags);
+  m.set_python_module("meta_kernels.csr_spmm");
+  // A @ dense for A = (crow_indices, col_indices, values), an M x K CSR matrix with K = dense.size(0).
+  m.def("csr_spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> Tensor", tags);
+  // Same result; backward takes dense's gradient through the given transpose (from _csr_transpose).
+  m.def("_csr_spmm_with_transpose(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, "
+        "Tensor t_crow_indices, Tensor t_col_indices, Tensor t_perm) -> Tensor", tags);
+  // out[p] = dot(grad_out[row(p)], dense[col_indices[p]]) for every nonzero p: the gradient of values.
+  m.def("_csr_sddmm(Tensor crow_indices, Tensor col_indices, Tensor grad_out, Tensor dense) -> Tensor", tags);
+  // The K x M transpose in CSR form (= A in CSC): (t_crow_indices[K + 1], t_col_indices[nnz] = row of each
+  // nonzero, t_perm[nnz] = its position in A), stable: rows ascending within each column.
+  m.def("_csr_transpose(Tensor crow_indices, Tensor col_indices, SymInt K) -> (Tensor, Tensor, Tensor)", tags);
 }
 
 namespace {

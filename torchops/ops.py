@@ -6,10 +6,13 @@ kernels under meta_kernels), so errors read the same however the op is reached.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["swiglu", "vector_add"]
+__all__ = ["csr_spmm", "spmm", "swiglu", "vector_add"]
 
 # Resolved once: attribute lookups through torch.ops cost about as much as a small kernel launch.
 _vector_add = torch.ops.myns.vector_add.default
@@ -25,6 +28,11 @@ _swiglu = torch.ops.myns.swiglu.default
 _vector_add_c = _vector_add._op
 _vector_add_out_c = _vector_add_out._op
 _swiglu_c = _swiglu._op
+_csr_spmm = torch.ops.myns.csr_spmm.default
+_csr_spmm_with_transpose = torch.ops.myns._csr_spmm_with_transpose.default
+_csr_transpose = torch.ops.myns._csr_transpose.default
+# csr_spmm and spmm branch on this (spmm caches a transpose only in eager mode).
+_is_compiling = torch.compiler.is_compiling
 
 
 def vector_add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
@@ -83,3 +91,107 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 @torch.compiler.substitute_in_graph(swiglu)
 def _swiglu_traced(gate: Tensor, up: Tensor) -> Tensor:
     return _swiglu(gate, up)
+
+
+def _check_csr_invariants(op: str, crow: Tensor, col: Tensor, K: int) -> None:
+    """The CPU kernels' structure checks, on any device (reads the indices: synchronises with the GPU).
+
+    Arguments whose metadata is wrong (not 1-D, not integers, ...) are left to the op, which names them.
+    """
+    if crow.dim() != 1 or col.dim() != 1 or crow.numel() < 1 or crow.dtype not in (torch.int32, torch.int64):
+        return
+    nnz, M = col.numel(), crow.numel() - 1
+
+    def fail(msg: str) -> None:
+        raise RuntimeError(f"myns::{op}: {msg}")
+
+    if (first := int(crow[0])) != 0:
+        fail(f"crow_indices[0] must be 0, got {first}")
+    if M > 0:
+        down = torch.nonzero(crow[:-1] > crow[1:])
+        if down.numel():
+            i = int(down[0, 0])
+            fail(f"crow_indices must be non-decreasing, got crow_indices[{i}] = {int(crow[i])} > "
+                 f"crow_indices[{i + 1}] = {int(crow[i + 1])}")
+    if (last := int(crow[-1])) != nnz:
+        fail(f"crow_indices[-1] must equal nnz = {nnz} (the length of col_indices), got {last}")
+    if nnz:
+        bad = torch.nonzero((col < 0) | (col >= K))
+        if bad.numel():
+            p = int(bad[0, 0])
+            fail(f"col_indices must lie in [0, K) with K = {K}, got col_indices[{p}] = {int(col[p])}")
+
+
+def csr_spmm(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: Tensor, *,
+             check_invariants: bool = False) -> Tensor:
+    """``A @ dense`` for the M x K CSR matrix ``A = (crow_indices, col_indices, values)``, K = ``dense.size(0)``.
+
+    Args:
+        crow_indices: 1-D, M + 1 row offsets; int32 or int64.
+        col_indices: 1-D, nnz column indices, same dtype as ``crow_indices``; any order within a row,
+            duplicates add up.
+        values: 1-D, nnz values; float16, bfloat16, float32 or float64 (f32 accumulation for 16-bit).
+        dense: K x N, same dtype and device as ``values``. Any row stride is read in place when its columns
+            are contiguous; other layouts are copied to contiguous first.
+        check_invariants: validate the structure first (crow_indices[0] = 0, non-decreasing,
+            crow_indices[M] = nnz, 0 <= col < K) and raise a RuntimeError naming the first bad entry. The CPU
+            kernel always validates; the CUDA kernel never does (no synchronisation), and on malformed
+            indices returns an unspecified result without reading or writing out of bounds. This check
+            reads the indices (a GPU sync), so it is meant for eager code, not torch.compile.
+
+    Returns:
+        A new contiguous M x N tensor of ``values``' dtype.
+
+    Differentiable in ``values`` (``grad_out[i] . dense[j]`` per nonzero) and ``dense`` (``A^T @ grad_out``,
+    through a stable transpose: deterministic), twice over. Works under ``torch.compile``,
+    ``torch.export``, TorchScript (as ``torch.ops.myns.csr_spmm``) and AOTInductor.
+    """
+    if check_invariants:
+        _check_csr_invariants("csr_spmm", crow_indices, col_indices, dense.size(0) if dense.dim() == 2 else 0)
+    op = _csr_spmm if _is_compiling() else _csr_spmm._op
+    return op(crow_indices, col_indices, values, dense)
+
+
+class _Transpose(NamedTuple):
+    crow_ptr: int
+    col_ptr: int
+    versions: tuple[int, int]
+    K: int
+    tensors: tuple[Tensor, Tensor, Tensor]  # t_crow_indices, t_col_indices, t_perm
+
+
+# One transpose per sparse tensor, dropped with it. Keyed by identity: a CSR tensor built anew each call
+# (even from the same index tensors) misses the cache.
+_TRANSPOSE_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _cached_transpose(A: Tensor, crow: Tensor, col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    K = A.size(1)
+    key = (crow.data_ptr(), col.data_ptr(), (crow._version, col._version), K)
+    entry = _TRANSPOSE_CACHE.get(A)
+    if entry is None or (entry.crow_ptr, entry.col_ptr, entry.versions, entry.K) != key:
+        entry = _Transpose(*key, tuple(_csr_transpose(crow, col, K)))
+        _TRANSPOSE_CACHE[A] = entry
+    return entry.tensors
+
+
+def spmm(A: Tensor, dense: Tensor) -> Tensor:
+    """``A @ dense`` for a 2-D ``torch.sparse_csr_tensor`` ``A`` (M x K) and a K x N ``dense``; see :func:`csr_spmm`.
+
+    Gradients flow to ``dense`` and to ``A`` (through ``A.values()``; ``A.grad`` is then a sparse CSR
+    tensor with A's structure). When ``dense`` needs a gradient, the transposed structure of ``A`` (a
+    stable sort of its nonzeros by column) is computed once and cached on ``A`` (dropped with it, and
+    recomputed if A's index tensors are modified in place): a GNN layer that multiplies by the same
+    adjacency every step then pays for the transpose once, and each backward is one SDDMM plus one SpMM.
+    Under ``torch.compile`` nothing is cached (call :func:`csr_spmm` with the index tensors there).
+    """
+    if A.layout != torch.sparse_csr or A.dim() != 2:
+        raise RuntimeError(f"torchops.spmm: A must be a 2-D sparse CSR tensor, got layout {A.layout} with {A.dim()} dims")
+    if dense.dim() == 2 and A.size(1) != dense.size(0):
+        raise RuntimeError(f"torchops.spmm: A is {A.size(0)} x {A.size(1)} but dense has {dense.size(0)} rows")
+    crow, col, values = A.crow_indices(), A.col_indices(), A.values()
+    if _is_compiling():
+        return _csr_spmm(crow, col, values, dense)
+    if torch.is_grad_enabled() and dense.requires_grad:
+        return _csr_spmm_with_transpose._op(crow, col, values, dense, *_cached_transpose(A, crow, col))
+    return _csr_spmm._op(crow, col, values, dense)

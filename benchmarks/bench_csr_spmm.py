@@ -1,0 +1,243 @@
+"""Benchmark ``torchops.csr_spmm`` against torch's sparse CSR matmul (cuSPARSE on CUDA), DESIGN.md §5/§6.
+
+Graphs are synthetic, seeded and generated on the device with torch ops: power-law row lengths (a few rows
+of 10^4..10^5 nonzeros, most short) sized like ogbn-arxiv (169,343 rows / 1.17M nnz), ogbn-proteins
+(132,534 / 39.6M) and Reddit (232,965 / 114.6M), plus a uniform-random graph; square (K = M), columns
+random, sorted and without duplicates within a row; int32 indices. For each graph and N in 32..512, on the
+same tensors in the same run:
+  fwd      torchops.csr_spmm  vs  torch.sparse_csr_tensor(...) @ dense   (cuSPARSE; torch.sparse.mm on CPU)
+  fwd+bwd  gradients of values and dense, torchops (transpose computed in backward, and the transpose
+           precomputed as torchops.spmm caches it)  vs  torch autograd through the same sparse CSR matmul.
+The CPU run uses the arxiv-like and uniform graphs scaled down 8x (ratios only).
+
+    python benchmarks/bench_csr_spmm.py [--device cuda|cpu] [--quick] [--dtypes f32,bf16] [--threads 2]
+                                        [--graphs arxiv-like,reddit-like]
+    python -m benchmarks.bench_csr_spmm ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-place-built `torchops`) importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmarks import harness as H
+
+OP = "csr_spmm"
+IMPL = "torchops"
+IMPL_CACHED = "torchops (cached transpose)"
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str
+    rows: int
+    nnz: int
+    max_degree: int | None  # None: uniform random
+
+
+GPU_GRAPHS = [
+    GraphSpec("arxiv-like", 169_343, 1_170_000, 20_000),
+    GraphSpec("proteins-like", 132_534, 39_600_000, 50_000),
+    GraphSpec("reddit-like", 232_965, 114_600_000, 100_000),
+    GraphSpec("uniform", 169_343, 10_000_000, None),
+]
+CPU_GRAPHS = [
+    GraphSpec("arxiv-like/8", 169_343 // 8, 1_170_000 // 8, 2_500),
+    GraphSpec("uniform/8", 169_343 // 8, 1_170_000 // 8, None),
+]
+QUICK_GRAPHS = [GraphSpec("arxiv-like/64", 169_343 // 64, 1_170_000 // 64, 400)]
+
+
+def make_graph(spec: GraphSpec, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(crow_indices, col_indices) as int32, built with torch ops on `device` (seconds even for Reddit size)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    m = spec.rows
+    if spec.max_degree is None:
+        rows = torch.randint(0, m, (spec.nnz,), device=device, generator=gen)
+    else:
+        # Degrees max_degree * rank^-a (at least 1), with a found by bisection so that they sum to ~nnz.
+        rank = torch.arange(1, m + 1, device=device, dtype=torch.float64)
+        lo, hi = 0.0, 4.0
+        for _ in range(40):
+            a = (lo + hi) / 2
+            total = float((spec.max_degree * rank ** -a).clamp(min=1).floor().sum())
+            lo, hi = (a, hi) if total > spec.nnz else (lo, a)
+        degree = (spec.max_degree * rank ** -hi).clamp(min=1).floor().long()
+        degree = degree[torch.randperm(m, device=device, generator=gen)]
+        rows = torch.repeat_interleave(torch.arange(m, device=device), degree)
+    cols = torch.randint(0, m, (rows.numel(),), device=device, generator=gen)
+    keys = torch.unique(rows * m + cols)  # sorted by (row, col), duplicates dropped
+    del rows, cols
+    rows, cols = keys // m, keys % m
+    crow = torch.zeros(m + 1, dtype=torch.int64, device=device)
+    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=m), 0)
+    return crow.int(), cols.int()
+
+
+def widths(device: str, quick: bool) -> list[int]:
+    return [32, 128] if quick else [32, 64, 128, 256, 512]
+
+
+def graphs(device: str, quick: bool, only: str = "") -> list[GraphSpec]:
+    specs = QUICK_GRAPHS if quick else GPU_GRAPHS if device == "cuda" else CPU_GRAPHS
+    names = {n.strip() for n in only.split(",") if n.strip()}
+    return [s for s in specs if not names or s.name in names]
+
+
+def torch_spmm_supports(dtype: torch.dtype, device: str) -> bool:
+    crow, col = torch.tensor([0, 1], device=device), torch.tensor([0], device=device)
+    try:
+        a = torch.sparse_csr_tensor(crow.int(), col.int(), torch.ones(1, dtype=dtype, device=device), (1, 1))
+        (a @ torch.ones(1, 4, dtype=dtype, device=device)).sum().item()
+        return True
+    except RuntimeError:
+        return False
+
+
+def check_forward(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """A benchmark of a wrong kernel is worthless: compare with the baseline's result, relative to its scale."""
+    scale = float(ref.abs().max()) if ref.numel() else 1.0
+    rtol = 1e-3 if ref.dtype in (torch.float32, torch.float64) else 3e-2
+    torch.testing.assert_close(ours.float(), ref.float(), rtol=rtol, atol=rtol * scale, msg=lambda m: f"{what}: {m}")
+
+
+def bench_graph(args: argparse.Namespace, spec: GraphSpec, dtypes: Sequence[torch.dtype]) -> list[H.Result]:
+    import torchops
+
+    dev = args.device
+    t0 = time.perf_counter()
+    crow, col = make_graph(spec, dev)
+    H.synchronize(dev)
+    nnz, m = col.numel(), crow.numel() - 1
+    lengths = (crow[1:] - crow[:-1])
+    print(f"  {spec.name}: {m} rows, {nnz} nnz, longest row {int(lengths.max())}, "
+          f"generated in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    transpose = torch.ops.myns._csr_transpose(crow, col, m)  # what torchops.spmm caches
+    out: list[H.Result] = []
+    for dtype in dtypes:
+        if not torch_spmm_supports(dtype, dev):
+            print(f"  torch sparse CSR @ dense does not support {dtype} on {dev}: skipped", file=sys.stderr)
+            continue
+        values = torch.randn(nnz, device=dev, dtype=dtype)
+        a = torch.sparse_csr_tensor(crow, col, values, (m, m))
+        for n in widths(dev, args.quick):
+            dense = torch.randn(m, n, device=dev, dtype=dtype)
+            baseline = "cuSPARSE (torch sparse CSR @ dense)" if dev == "cuda" else "torch.sparse.mm"
+            ref = a @ dense
+            check_forward(torchops.csr_spmm(crow, col, values, dense), ref, f"{spec.name} N={n}")
+            del ref
+            base_fn = (lambda: a @ dense) if dev == "cuda" else (lambda: torch.sparse.mm(a, dense))
+            base_ms = H.time_ms(base_fn, dev, quick=args.quick)
+            ops_ms = H.time_ms(lambda: torchops.csr_spmm(crow, col, values, dense), dev, quick=args.quick)
+            common = dict(op=OP, case=f"{spec.name} fwd", dtype=H.DTYPE_NAMES[dtype], shape=f"N={n}",
+                          numel=nnz * n, device=dev, baseline=baseline)
+            out.append(H.Result(impl=baseline, ms=base_ms, speedup=1.0, **common))
+            out.append(H.Result(impl=IMPL, ms=ops_ms, speedup=H.speedup(base_ms, ops_ms), **common))
+            if dtype == torch.float32:
+                out += bench_backward(args, spec, crow, col, values, dense, transpose, nnz, n)
+            del dense
+            H.free_memory(dev)
+            print(f"  {spec.name} {H.DTYPE_NAMES[dtype]} N={n} done", file=sys.stderr, flush=True)
+    return out
+
+
+def bench_backward(args, spec, crow, col, values, dense, transpose, nnz, n) -> list[H.Result]:
+    """Gradients of values and dense, each implementation on the same tensors."""
+    import torchops
+
+    dev, m = args.device, crow.numel() - 1
+    v = values.detach().clone().requires_grad_()
+    d = dense.detach().clone().requires_grad_()
+    g = torch.randn(m, n, device=dev, dtype=values.dtype)
+    baseline = "torch autograd (sparse CSR @ dense)"
+
+    def torch_fwd_bwd():
+        out = torch.sparse_csr_tensor(crow, col, v, (m, m)) @ d
+        return torch.autograd.grad(out, (v, d), g)
+
+    def ours():
+        return torch.autograd.grad(torchops.csr_spmm(crow, col, v, d), (v, d), g)
+
+    def ours_cached():
+        return torch.autograd.grad(torch.ops.myns._csr_spmm_with_transpose(crow, col, v, d, *transpose), (v, d), g)
+
+    common = dict(op=OP, case=f"{spec.name} fwd+bwd", dtype=H.DTYPE_NAMES[values.dtype], shape=f"N={n}",
+                  numel=nnz * n, device=dev, baseline=baseline)
+    results = []
+    try:
+        ref_v, ref_d = torch_fwd_bwd()
+    except (RuntimeError, torch.OutOfMemoryError) as e:  # record why instead of losing the whole run
+        print(f"  torch autograd failed on {spec.name} N={n}: {str(e).splitlines()[0]}", file=sys.stderr)
+        return results
+    got_v, got_d = ours()
+    check_forward(got_v, ref_v, f"{spec.name} N={n} grad values")
+    check_forward(got_d, ref_d, f"{spec.name} N={n} grad dense")
+    del ref_v, ref_d, got_v, got_d
+    base_ms = H.time_ms(torch_fwd_bwd, dev, quick=args.quick)
+    results.append(H.Result(impl=baseline, ms=base_ms, speedup=1.0, **common))
+    for impl, fn in ((IMPL, ours), (IMPL_CACHED, ours_cached)):
+        ms = H.time_ms(fn, dev, quick=args.quick)
+        results.append(H.Result(impl=impl, ms=ms, speedup=H.speedup(base_ms, ms), **common))
+    return results
+
+
+def summarize(results: Sequence[H.Result], device: str) -> str:
+    def stats(rows: list[H.Result]) -> str:
+        if not rows:
+            return "n/a"
+        worst = min(rows, key=lambda r: r.speedup)
+        return (f"geomean {H.geomean(r.speedup for r in rows):.3f}× (worst {worst.speedup:.3f}× at "
+                f"{worst.case.split()[0]} {worst.shape}, {len(rows)} cases)")
+
+    parts = []
+    for dt in sorted({r.dtype for r in results}):
+        fwd = [r for r in results if r.impl == IMPL and r.dtype == dt and r.case.endswith(" fwd")]
+        power = [r for r in fwd if not r.case.startswith("uniform")]
+        uniform = [r for r in fwd if r.case.startswith("uniform")]
+        bar = ""
+        if device == "cuda" and power:
+            ok = H.geomean(r.speedup for r in power) >= 1.25 and min(r.speedup for r in power) >= 0.9
+            bar = " (bar ok)" if ok else " (bar MISSED: geomean >= 1.25x, none < 0.9x)"
+        parts.append(f"{dt} fwd vs {fwd[0].baseline if fwd else 'baseline'}: power-law {stats(power)}{bar}; "
+                     f"uniform {stats(uniform)}")
+        for impl in (IMPL, IMPL_CACHED):
+            both = [r for r in results if r.impl == impl and r.dtype == dt and r.case.endswith("fwd+bwd")]
+            if both:
+                bar = ""
+                if device == "cuda":
+                    bar = " (bar ok)" if H.geomean(r.speedup for r in both) >= 2.0 else " (bar MISSED: >= 2x)"
+                parts.append(f"{dt} fwd+bwd {impl} vs torch autograd: {stats(both)}{bar}")
+    return "Summary (csr_spmm; speedup > 1 = faster than torch): " + "; ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = H.make_parser(__doc__.splitlines()[0], default_dtypes=("f32", "bf16"))
+    parser.add_argument("--graphs", default="", help="comma-separated subset of graph names (default: all)")
+    args = H.parse_args(parser, argv)
+    try:
+        import torchops  # noqa: F401
+    except ImportError as e:
+        print(f"torchops is not importable ({e}); build it first (see README / `make`).", file=sys.stderr)
+        return 2
+    dtypes = [d for d in args.dtypes if d.is_floating_point]
+    results: list[H.Result] = []
+    for spec in graphs(args.device, args.quick, args.graphs):
+        results += bench_graph(args, spec, dtypes)
+        H.free_memory(args.device)
+    summary = summarize(results, args.device)
+    H.emit(results, f"{OP}_{args.device}" + ("_quick" if args.quick else ""), out_dir=args.out_dir, summary=summary,
+           meta={"graphs": [s.__dict__ for s in graphs(args.device, args.quick, args.graphs)]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

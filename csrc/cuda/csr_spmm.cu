@@ -1,0 +1,279 @@
+// csr_spmm on CUDA: out = A @ dense, A an M x K CSR matrix, out M x N.
+//
+// Work split: merge path over rows + nonzeros (common/csr_cuda.cuh), one warp per unit of D items, so
+// power-law rows (a few with 10^4..10^5 nonzeros, most with a handful) spread evenly over the GPU.
+// Inside a unit the warp walks its rows in order:
+//   - the unit's nonzeros stream through a 32-entry window: lane l loads (col, val) of nonzero w + l
+//     (coalesced), and the warp broadcasts them one by one with shuffles, so one window serves several
+//     short rows;
+//   - each lane owns C vectors of V columns (V up to 16 bytes: float4 for f32, 8 x bf16), i.e. the warp
+//     covers 32 V C columns of the output; N = 32 f32 is one float per lane, N = 512 f32 is 4 float4 per
+//     lane; wider N runs more column tiles (grid.y);
+//   - kBatch nonzeros are gathered before they are accumulated, so several dense rows are in flight;
+//   - rows that end inside the unit are stored; the unit's last row, which continues in the next unit(s),
+//     is left in a carry buffer, and a second kernel adds each row's carries in unit order.
+// Accumulation is f32 for f16/bf16/f32 and f64 for f64. The result is deterministic: every partial sum is
+// taken in a fixed order that depends only on the shapes and the GPU's SM count, never on scheduling.
+// (For f16/bf16 a row split across units is rounded twice: its last part is stored, then the carries are
+// added; at most one extra rounding of the output type.)
+// Indices are never validated here (no host sync): see csr_cuda.cuh for how malformed ones stay in bounds.
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/EmptyTensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "../common/csr.h"
+#include "../common/csr_cuda.cuh"
+#include "../common/cuda_utils.cuh"
+#include "../common/dispatch.h"
+
+namespace torchops {
+namespace {
+
+using namespace torchops::cuda;
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = kWarpsPerBlock * kWarpSize;
+
+template <typename T, typename Index>
+struct SpmmArgs {
+  const Index* crow;
+  const Index* col;
+  const T* val;
+  const T* dense;  // K rows of N, row stride ld, unit column stride
+  int64_t ld;
+  T* out;  // M x N, dense
+  int64_t M, K, N, nnz;
+  int64_t per_unit, units, column_tiles;
+  opmath_t<T>* carry;  // units x N
+  int64_t* carry_row;  // units: the row a unit's carry belongs to, or -1
+};
+
+template <typename T, int V>
+__device__ __forceinline__ AlignedVector<T, V> zero_vector() {
+  AlignedVector<T, V> z;
+#pragma unroll
+  for (int e = 0; e < V; ++e) z.val[e] = static_cast<T>(0.f);
+  return z;
+}
+
+template <typename T, typename Index, int V, int C>
+__global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, Index> a) {
+  using acc_t = opmath_t<T>;
+  using Vec = AlignedVector<T, V>;
+  constexpr int kBatch = C >= 4 ? 2 : 4;  // nonzeros gathered before accumulating (registers: kBatch C V)
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (unit >= a.units) return;  // whole warps only: every later shuffle has all 32 lanes
+
+  const int64_t d0 = unit * a.per_unit;
+  const int64_t d1 = ::min(d0 + a.per_unit, a.M + a.nnz);
+  MergeCoord start, end;
+  merge_path_search(a.crow, a.M, a.nnz, d0, d1, start, end);
+  const bool has_carry = end.row < a.M && end.row >= start.row;
+  if (blockIdx.y == 0 && lane == 0) a.carry_row[unit] = has_carry ? end.row : -1;
+
+  for (int64_t tile = blockIdx.y; tile < a.column_tiles; tile += gridDim.y) {
+    int64_t cj[C];
+    bool cok[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      cj[c] = (tile * C * kWarpSize + c * kWarpSize + lane) * V;
+      cok[c] = cj[c] < a.N;  // N % V == 0 whenever V > 1
+    }
+    acc_t acc[C][V];
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[c][e] = acc_t(0);
+
+    int64_t j = start.nz;               // next nonzero to consume
+    int64_t wbase = j - kWarpSize;      // window [wbase, wbase + 32): empty so far
+    int64_t wcol = -1;                  // this lane's window entry
+    acc_t wval = acc_t(0);
+    for (int64_t r = start.row; r <= end.row && r < a.M; ++r) {
+      const int64_t re = unit_row_end(a.crow, r, j, end, a.nnz);
+      while (j < re) {
+        if (j >= wbase + kWarpSize) {
+          wbase = j;
+          const int64_t p = j + lane;
+          wcol = p < end.nz ? static_cast<int64_t>(a.col[p]) : -1;
+          wval = p < end.nz ? static_cast<acc_t>(a.val[p]) : acc_t(0);
+        }
+        const int kb = static_cast<int>(j - wbase);
+        const int ke = static_cast<int>(::min(re - wbase, int64_t{kWarpSize}));
+        for (int k = kb; k < ke; k += kBatch) {
+          acc_t w[kBatch];
+          Vec x[kBatch][C];
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            const int kk = k + u;
+            const int64_t c = __shfl_sync(kFullWarpMask, wcol, kk & (kWarpSize - 1));
+            const acc_t v = __shfl_sync(kFullWarpMask, wval, kk & (kWarpSize - 1));
+            const bool ok = kk < ke && c >= 0 && c < a.K;  // the same on every lane
+            w[u] = ok ? v : acc_t(0);
+            const T* drow = a.dense + (ok ? c : 0) * a.ld;
+#pragma unroll
+            for (int cc = 0; cc < C; ++cc) {
+              x[u][cc] = ok && cok[cc] ? load_vector<T, V>(drow + cj[cc], 0) : zero_vector<T, V>();
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+            for (int cc = 0; cc < C; ++cc)
+#pragma unroll
+              for (int e = 0; e < V; ++e) acc[cc][e] += w[u] * static_cast<acc_t>(x[u][cc].val[e]);
+        }
+        j = wbase + ke;
+      }
+      if (r < end.row) {  // row r ends in this unit
+        T* orow = a.out + r * a.N;
+#pragma unroll
+        for (int cc = 0; cc < C; ++cc) {
+          if (cok[cc]) {
+            Vec o;
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+              o.val[e] = static_cast<T>(acc[cc][e]);
+              acc[cc][e] = acc_t(0);
+            }
+            store_vector<T, V>(orow + cj[cc], 0, o);
+          }
+        }
+      }
+    }
+    if (has_carry) {
+      acc_t* crow_out = a.carry + unit * a.N;
+#pragma unroll
+      for (int cc = 0; cc < C; ++cc)
+        if (cok[cc])
+#pragma unroll
+          for (int e = 0; e < V; ++e) crow_out[cj[cc] + e] = acc[cc][e];
+    }
+  }
+}
+
+// Adds the carries of each row that several units share: the first unit of a run of units carrying row r
+// sums the run's carries in unit order and adds them to out[r], which the unit ending the row has stored.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    csr_spmm_carry_kernel(T* out, int64_t M, int64_t N, const opmath_t<T>* carry, const int64_t* carry_row,
+                          int64_t units) {
+  using acc_t = opmath_t<T>;
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int64_t r = carry_row[u];
+    if (r < 0 || r >= M || (u > 0 && carry_row[u - 1] == r)) continue;
+    int64_t last = u;
+    while (last + 1 < units && carry_row[last + 1] == r) ++last;
+    for (int64_t col = threadIdx.x; col < N; col += blockDim.x) {
+      acc_t s = acc_t(0);
+#pragma unroll 4
+      for (int64_t v = u; v <= last; ++v) s += carry[v * N + col];
+      out[r * N + col] = static_cast<T>(static_cast<acc_t>(out[r * N + col]) + s);
+    }
+  }
+}
+
+template <typename T, typename Index, int V, int C>
+void launch_config(const SpmmArgs<T, Index>& a, cudaStream_t stream) {
+  const dim3 grid(blocks_to_cover(a.units, kWarpsPerBlock),
+                  static_cast<unsigned int>(std::min<int64_t>(a.column_tiles, 65535)));
+  csr_spmm_kernel<T, Index, V, C><<<grid, kThreads, 0, stream>>>(a);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
+// The instantiated (V, C): V elements per access, C accesses per lane; C > 1 only with full 16-byte
+// vectors, capped at 16 accumulators per lane.
+template <typename T, typename Index>
+void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream_t stream) {
+  constexpr int kMaxV = 16 / static_cast<int>(sizeof(T));
+  constexpr int kMaxC = std::max(1, std::min(4, 16 / kMaxV));
+  int c = 1;
+  if (v == kMaxV) {
+    const int64_t wanted = (a.N + kWarpSize * v - 1) / (kWarpSize * v);
+    c = wanted >= 4 && kMaxC >= 4 ? 4 : wanted >= 2 ? 2 : 1;
+  }
+  a.column_tiles = (a.N + int64_t{kWarpSize} * v * c - 1) / (int64_t{kWarpSize} * v * c);
+  const auto part = merge_partition(a.M, a.nnz, a.column_tiles, like.get_device());
+  a.per_unit = part.per_unit;
+  a.units = part.units;
+  at::Tensor carry = at::detail::empty_cuda({a.units * a.N}, c10::CppTypeToScalarType<opmath_t<T>>::value,
+                                            like.device(), std::nullopt);
+  at::Tensor carry_row = at::detail::empty_cuda({a.units}, at::kLong, like.device(), std::nullopt);
+  a.carry = carry.mutable_data_ptr<opmath_t<T>>();
+  a.carry_row = carry_row.mutable_data_ptr<int64_t>();
+
+  if (v == kMaxV) {
+    if (c == 4) {
+      if constexpr (kMaxC >= 4) launch_config<T, Index, kMaxV, 4>(a, stream);
+    } else if (c == 2) {
+      launch_config<T, Index, kMaxV, 2>(a, stream);
+    } else {
+      launch_config<T, Index, kMaxV, 1>(a, stream);
+    }
+  } else if (v == 1) {
+    launch_config<T, Index, 1, 1>(a, stream);
+  } else if (v == 2) {
+    if constexpr (kMaxV > 2) launch_config<T, Index, 2, 1>(a, stream);
+  } else if (v == 4) {
+    if constexpr (kMaxV > 4) launch_config<T, Index, 4, 1>(a, stream);
+  }
+  csr_spmm_carry_kernel<T><<<blocks_to_cover(a.units, 1), kThreads, 0, stream>>>(
+      a.out, a.M, a.N, a.carry, a.carry_row, a.units);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
+at::Tensor spmm_cuda(const char* op, const at::Tensor& crow_in, const at::Tensor& col_in,
+                     const at::Tensor& values_in, const at::Tensor& dense_in) {
+  check_csr_spmm_args(op, crow_in, col_in, values_in, dense_in);
+  const c10::cuda::CUDAGuard device_guard(values_in.device());
+  const int64_t M = crow_in.numel() - 1, K = dense_in.size(0), N = dense_in.size(1);
+  at::Tensor out = at::detail::empty_cuda({M, N}, values_in.scalar_type(), values_in.device(), std::nullopt);
+  if (out.numel() == 0) return out;
+  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
+  const at::Tensor dense = with_unit_column_stride(dense_in);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_spmm_cuda", [&] {
+    TORCHOPS_DISPATCH_FLOAT_TYPES(values.scalar_type(), "csr_spmm_cuda", [&] {
+      SpmmArgs<scalar_t, index_t> a{};
+      a.crow = crow.const_data_ptr<index_t>();
+      a.col = col.const_data_ptr<index_t>();
+      a.val = values.const_data_ptr<scalar_t>();
+      a.dense = dense.const_data_ptr<scalar_t>();
+      a.ld = row_stride(dense);
+      a.out = out.mutable_data_ptr<scalar_t>();
+      a.M = M;
+      a.K = K;
+      a.N = N;
+      a.nnz = col.numel();
+      const int v = lane_vector_size<scalar_t>(N, a.ld, a.dense);
+      launch_spmm(a, v, out, stream);
+    });
+  });
+  return out;
+}
+
+at::Tensor csr_spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                         const at::Tensor& dense) {
+  return spmm_cuda("csr_spmm", crow, col, values, dense);
+}
+
+at::Tensor csr_spmm_with_transpose_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                                        const at::Tensor& dense, const at::Tensor& t_crow, const at::Tensor& t_col,
+                                        const at::Tensor& t_perm) {
+  const char* op = "_csr_spmm_with_transpose";
+  check_csr_spmm_args(op, crow, col, values, dense);
+  check_csr_transpose_args(op, crow, col, dense, t_crow, t_col, t_perm);
+  return spmm_cuda(op, crow, col, values, dense);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(myns, CUDA, m) {
+  m.impl("csr_spmm", &csr_spmm_cuda);
+  m.impl("_csr_spmm_with_transpose", &csr_spmm_with_transpose_cuda);
+}
+
+}  // namespace torchops

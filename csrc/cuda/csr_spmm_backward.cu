@@ -1,0 +1,288 @@
+// The CUDA kernels behind csr_spmm's backward: _csr_sddmm (gradient of values) and _csr_transpose (the
+// structure of A^T, through which the gradient of dense is another csr_spmm). A separate translation unit
+// from the forward so the two compile in parallel.
+//
+// _csr_sddmm: out[p] = dot(grad_out[row(p)], dense[col(p)]). Same merge-path units and (col) window as the
+//   forward; each lane holds V columns of grad_out's row (re-read only when N > 32 V), kBatch nonzeros'
+//   partial dots are reduced across the warp together, and lane k keeps the result of window slot k so the
+//   stores are coalesced.
+// _csr_transpose: keys = col (columns outside [0, K) become K, sorted last and left out of the offsets),
+//   a stable radix sort of the keys (at::sort(stable=true): deterministic), t_crow_indices by a lower-bound
+//   search per column, and each sorted entry's row by a binary search on crow_indices. Stable order = rows
+//   ascending within a column, so csr_spmm over the transpose sums in a fixed order: the dense gradient is
+//   deterministic (bit-identical run to run).
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/EmptyTensor.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <tuple>
+
+#include "../common/csr.h"
+#include "../common/csr_cuda.cuh"
+#include "../common/cuda_utils.cuh"
+#include "../common/dispatch.h"
+
+namespace torchops {
+namespace {
+
+using namespace torchops::cuda;
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = kWarpsPerBlock * kWarpSize;
+constexpr int kElementwiseThreads = 256;
+
+// ------------------------------------------------------------------------------------------------- sddmm
+
+template <typename T, typename Index>
+struct SddmmArgs {
+  const Index* crow;
+  const Index* col;
+  const T* a;  // grad_out: M rows of N, row stride lda
+  int64_t lda;
+  const T* b;  // dense: K rows of N, row stride ldb
+  int64_t ldb;
+  T* out;  // nnz
+  int64_t M, K, N, nnz;
+  int64_t per_unit, units;
+};
+
+template <typename T, typename Index, int V>
+__global__ void __launch_bounds__(kThreads) csr_sddmm_kernel(const SddmmArgs<T, Index> s) {
+  using acc_t = opmath_t<T>;
+  using Vec = AlignedVector<T, V>;
+  constexpr int kBatch = 4;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (unit >= s.units) return;  // whole warps only
+
+  const int64_t d0 = unit * s.per_unit;
+  const int64_t d1 = ::min(d0 + s.per_unit, s.M + s.nnz);
+  MergeCoord start, end;
+  merge_path_search(s.crow, s.M, s.nnz, d0, d1, start, end);
+
+  const int64_t j0 = int64_t{lane} * V;  // this lane's first column; then every 32 V columns
+  const bool first_ok = j0 < s.N;
+  int64_t j = start.nz;
+  int64_t wbase = j - kWarpSize;
+  int64_t wcol = -1;
+  acc_t mine = acc_t(0);  // result of window slot `lane`
+  for (int64_t r = start.row; r <= end.row && r < s.M; ++r) {
+    const int64_t re = unit_row_end(s.crow, r, j, end, s.nnz);
+    if (j >= re) continue;
+    const T* arow = s.a + r * s.lda;
+    acc_t a0[V];  // grad_out[r, j0 : j0 + V], kept for the row
+    {
+      Vec x;
+      if (first_ok) {
+        x = load_vector<T, V>(arow + j0, 0);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) x.val[e] = static_cast<T>(0.f);
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) a0[e] = static_cast<acc_t>(x.val[e]);
+    }
+    while (j < re) {
+      if (j >= wbase + kWarpSize) {
+        wbase = j;
+        const int64_t p = j + lane;
+        wcol = p < end.nz ? static_cast<int64_t>(s.col[p]) : -1;
+      }
+      const int kb = static_cast<int>(j - wbase);
+      const int ke = static_cast<int>(::min(re - wbase, int64_t{kWarpSize}));
+      for (int k = kb; k < ke; k += kBatch) {
+        acc_t dot[kBatch];
+        Vec x[kBatch];
+        bool ok[kBatch];
+        const T* brow[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int kk = k + u;
+          const int64_t c = __shfl_sync(kFullWarpMask, wcol, kk & (kWarpSize - 1));
+          ok[u] = kk < ke && c >= 0 && c < s.K;  // the same on every lane
+          brow[u] = s.b + (ok[u] ? c : 0) * s.ldb;
+          if (ok[u] && first_ok) {
+            x[u] = load_vector<T, V>(brow[u] + j0, 0);
+          } else {
+#pragma unroll
+            for (int e = 0; e < V; ++e) x[u].val[e] = static_cast<T>(0.f);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          dot[u] = acc_t(0);
+#pragma unroll
+          for (int e = 0; e < V; ++e) dot[u] += a0[e] * static_cast<acc_t>(x[u].val[e]);
+          if (ok[u]) {  // columns past the first 32 V (wide N): straight from memory
+            for (int64_t jj = j0 + kWarpSize * V; jj < s.N; jj += kWarpSize * V) {
+              const Vec xa = load_vector<T, V>(arow + jj, 0), xb = load_vector<T, V>(brow[u] + jj, 0);
+#pragma unroll
+              for (int e = 0; e < V; ++e) dot[u] += static_cast<acc_t>(xa.val[e]) * static_cast<acc_t>(xb.val[e]);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+          for (int off = kWarpSize / 2; off > 0; off /= 2) dot[u] += __shfl_xor_sync(kFullWarpMask, dot[u], off);
+          if (k + u < ke && lane == k + u) mine = dot[u];
+        }
+      }
+      if (lane >= kb && lane < ke) s.out[wbase + lane] = static_cast<T>(mine);
+      j = wbase + ke;
+    }
+  }
+}
+
+template <typename T, typename Index, int V>
+void launch_sddmm_config(const SddmmArgs<T, Index>& s, cudaStream_t stream) {
+  csr_sddmm_kernel<T, Index, V><<<blocks_to_cover(s.units, kWarpsPerBlock), kThreads, 0, stream>>>(s);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
+at::Tensor csr_sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& grad_out,
+                          const at::Tensor& dense) {
+  check_csr_sddmm_args("_csr_sddmm", crow_in, col_in, grad_out, dense);
+  const c10::cuda::CUDAGuard device_guard(grad_out.device());
+  const int64_t nnz = col_in.numel();
+  at::Tensor out = at::detail::empty_cuda({nnz}, grad_out.scalar_type(), grad_out.device(), std::nullopt);
+  if (nnz == 0) return out;
+  const int64_t M = crow_in.numel() - 1, K = dense.size(0), N = dense.size(1);
+  if (N == 0 || M == 0) return out.zero_();  // empty dot products (M = 0 with nnz > 0 is malformed)
+  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
+  const at::Tensor a = with_unit_column_stride(grad_out), b = with_unit_column_stride(dense);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_sddmm_cuda", [&] {
+    TORCHOPS_DISPATCH_FLOAT_TYPES(out.scalar_type(), "csr_sddmm_cuda", [&] {
+      SddmmArgs<scalar_t, index_t> s{};
+      s.crow = crow.const_data_ptr<index_t>();
+      s.col = col.const_data_ptr<index_t>();
+      s.a = a.const_data_ptr<scalar_t>();
+      s.lda = row_stride(a);
+      s.b = b.const_data_ptr<scalar_t>();
+      s.ldb = row_stride(b);
+      s.out = out.mutable_data_ptr<scalar_t>();
+      s.M = M;
+      s.K = K;
+      s.N = N;
+      s.nnz = nnz;
+      const auto part = merge_partition(M, nnz, 1, out.get_device());
+      s.per_unit = part.per_unit;
+      s.units = part.units;
+      const int v = std::min(lane_vector_size<scalar_t>(N, s.lda, s.a), lane_vector_size<scalar_t>(N, s.ldb, s.b));
+      constexpr int kMaxV = 16 / static_cast<int>(sizeof(scalar_t));
+      if (v == 1) {
+        launch_sddmm_config<scalar_t, index_t, 1>(s, stream);
+      } else if (v == 2) {
+        launch_sddmm_config<scalar_t, index_t, 2>(s, stream);
+      } else if (v == 4) {
+        if constexpr (kMaxV >= 4) launch_sddmm_config<scalar_t, index_t, 4>(s, stream);
+      } else {
+        if constexpr (kMaxV >= 8) launch_sddmm_config<scalar_t, index_t, 8>(s, stream);
+      }
+    });
+  });
+  return out;
+}
+
+// --------------------------------------------------------------------------------------------- transpose
+
+template <typename Index, typename Key>
+__global__ void transpose_keys_kernel(const Index* col, Key* keys, int64_t nnz, int64_t K) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < nnz; p += step) {
+    const int64_t c = col[p];
+    keys[p] = static_cast<Key>(c >= 0 && c < K ? c : K);
+  }
+}
+
+// t_crow[k] = number of keys below k (keys sorted), k in [0, K].
+template <typename Key, typename Index>
+__global__ void transpose_offsets_kernel(const Key* sorted, int64_t nnz, Index* t_crow, int64_t K) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k <= K; k += step) {
+    int64_t lo = 0, hi = nnz;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (static_cast<int64_t>(sorted[mid]) < k) lo = mid + 1; else hi = mid;
+    }
+    t_crow[k] = static_cast<Index>(lo);
+  }
+}
+
+// For each sorted entry q: t_perm[q] = its position p in A, t_col[q] = the row holding p.
+template <typename Index>
+__global__ void transpose_rows_kernel(const Index* crow, int64_t M, const int64_t* perm, Index* t_col, Index* t_perm,
+                                      int64_t nnz) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < nnz; q += step) {
+    const int64_t p = perm[q];
+    int64_t lo = 0, hi = M;  // first row whose end is past p
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (static_cast<int64_t>(crow[mid + 1]) <= p) lo = mid + 1; else hi = mid;
+    }
+    t_perm[q] = static_cast<Index>(p);
+    t_col[q] = static_cast<Index>(::min(lo, ::max(M - 1, int64_t{0})));
+  }
+}
+
+unsigned int elementwise_blocks(int64_t n) {
+  return std::min(blocks_to_cover(n, kElementwiseThreads), 65535u * 32u);
+}
+
+template <typename Index, typename Key>
+void transpose_into(const at::Tensor& crow, const at::Tensor& col, int64_t K, const at::Tensor& t_crow,
+                    const at::Tensor& t_col, const at::Tensor& t_perm, cudaStream_t stream) {
+  const int64_t M = crow.numel() - 1, nnz = col.numel();
+  at::Tensor keys = at::detail::empty_cuda({nnz}, c10::CppTypeToScalarType<Key>::value, col.device(), std::nullopt);
+  transpose_keys_kernel<Index, Key><<<elementwise_blocks(nnz), kElementwiseThreads, 0, stream>>>(
+      col.const_data_ptr<Index>(), keys.mutable_data_ptr<Key>(), nnz, K);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+  const auto [sorted, perm] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  transpose_offsets_kernel<Key, Index><<<elementwise_blocks(K + 1), kElementwiseThreads, 0, stream>>>(
+      sorted.const_data_ptr<Key>(), nnz, t_crow.mutable_data_ptr<Index>(), K);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+  transpose_rows_kernel<Index><<<elementwise_blocks(nnz), kElementwiseThreads, 0, stream>>>(
+      crow.const_data_ptr<Index>(), M, perm.const_data_ptr<int64_t>(), t_col.mutable_data_ptr<Index>(),
+      t_perm.mutable_data_ptr<Index>(), nnz);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cuda(const at::Tensor& crow_in, const at::Tensor& col_in,
+                                                                  int64_t K) {
+  const char* op = "_csr_transpose";
+  check_csr_indices(op, {"crow_indices", crow_in}, {"col_indices", col_in}, {"crow_indices", crow_in});
+  TORCHOPS_CHECK(K >= 0, op, "K must be non-negative, got ", K);
+  const c10::cuda::CUDAGuard device_guard(crow_in.device());
+  const int64_t nnz = col_in.numel();
+  const auto dtype = crow_in.scalar_type();
+  at::Tensor t_col = at::detail::empty_cuda({nnz}, dtype, crow_in.device(), std::nullopt);
+  at::Tensor t_perm = at::detail::empty_cuda({nnz}, dtype, crow_in.device(), std::nullopt);
+  if (nnz == 0) return {at::zeros({K + 1}, crow_in.options()), t_col, t_perm};
+  at::Tensor t_crow = at::detail::empty_cuda({K + 1}, dtype, crow_in.device(), std::nullopt);
+  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_INDEX_TYPES(dtype, "csr_transpose_cuda", [&] {
+    if (K < std::numeric_limits<int32_t>::max()) {  // 32-bit keys sort in half the passes
+      transpose_into<index_t, int32_t>(crow, col, K, t_crow, t_col, t_perm, stream);
+    } else {
+      transpose_into<index_t, int64_t>(crow, col, K, t_crow, t_col, t_perm, stream);
+    }
+  });
+  return {t_crow, t_col, t_perm};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(myns, CUDA, m) {
+  m.impl("_csr_sddmm", &csr_sddmm_cuda);
+  m.impl("_csr_transpose", &csr_transpose_cuda);
+}
+
+}  // namespace torchops

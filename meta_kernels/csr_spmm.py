@@ -1,0 +1,115 @@
+"""Fake kernels for myns::csr_spmm and its backward helpers (_csr_spmm_with_transpose, _csr_sddmm,
+_csr_transpose), with the checks of csrc/common/csr.cpp, message for message and in the same order.
+
+The output sizes are symbolic where the inputs' are: M = crow_indices.numel() - 1, N = dense.size(1),
+nnz = col_indices.numel(). The CSR structure itself (values of the index tensors) is not checked here:
+the CPU kernels validate it, and ``torchops.csr_spmm(..., check_invariants=True)`` on any device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from meta_kernels._checks import FLOAT_DTYPES, _dtype_name, check
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _same_device(op: str, x: tuple[str, torch.Tensor], y: tuple[str, torch.Tensor]) -> None:
+    check(x[1].device == y[1].device, op,
+          f"{x[0]} and {y[0]} must be on the same device, got {x[1].device} and {y[1].device}")
+
+
+def _same_dtype(op: str, x: tuple[str, torch.Tensor], y: tuple[str, torch.Tensor]) -> None:
+    check(x[1].dtype == y[1].dtype, op,
+          f"{x[0]} and {y[0]} must have the same dtype, got {_dtype_name(x[1].dtype)} and {_dtype_name(y[1].dtype)}")
+
+
+def _dtype_in(op: str, t: tuple[str, torch.Tensor], dtypes: tuple[torch.dtype, ...]) -> None:
+    check(t[1].dtype in dtypes, op,
+          f"{t[0]} has unsupported dtype {_dtype_name(t[1].dtype)}; supported: {', '.join(_dtype_name(d) for d in dtypes)}")
+
+
+def _one_d(op: str, t: tuple[str, torch.Tensor]) -> None:
+    check(t[1].dim() == 1, op, f"{t[0]} must be 1-D, got shape {list(t[1].shape)}")
+
+
+def check_csr_indices(op: str, crow: tuple[str, torch.Tensor], col: tuple[str, torch.Tensor],
+                      device_of: tuple[str, torch.Tensor]) -> None:
+    _same_device(op, device_of, crow)
+    _same_device(op, device_of, col)
+    _one_d(op, crow)
+    _one_d(op, col)
+    check(crow[1].numel() >= 1, op, f"{crow[0]} must hold M + 1 >= 1 entries, got none")
+    _dtype_in(op, crow, INDEX_DTYPES)
+    _same_dtype(op, crow, col)
+
+
+def check_csr_matrix(op: str, t: tuple[str, torch.Tensor], device_of: tuple[str, torch.Tensor]) -> None:
+    _same_device(op, device_of, t)
+    check(t[1].dim() == 2, op, f"{t[0]} must be 2-D, got shape {list(t[1].shape)}")
+    _dtype_in(op, t, FLOAT_DTYPES)
+
+
+def check_csr_spmm_args(op: str, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor,
+                        dense: torch.Tensor) -> None:
+    v, d = ("values", values), ("dense", dense)
+    check_csr_indices(op, ("crow_indices", crow), ("col_indices", col), v)
+    _one_d(op, v)
+    _dtype_in(op, v, FLOAT_DTYPES)
+    check(col.numel() == values.numel(), op,
+          f"col_indices and values must have the same length (nnz), got {col.numel()} and {values.numel()}")
+    check_csr_matrix(op, d, v)
+    _same_dtype(op, v, d)
+
+
+@torch.library.register_fake("myns::csr_spmm")
+def csr_spmm(crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+             dense: torch.Tensor) -> torch.Tensor:
+    check_csr_spmm_args("csr_spmm", crow_indices, col_indices, values, dense)
+    return values.new_empty((crow_indices.shape[0] - 1, dense.shape[1]))
+
+
+@torch.library.register_fake("myns::_csr_spmm_with_transpose")
+def csr_spmm_with_transpose(crow_indices: torch.Tensor, col_indices: torch.Tensor, values: torch.Tensor,
+                            dense: torch.Tensor, t_crow_indices: torch.Tensor, t_col_indices: torch.Tensor,
+                            t_perm: torch.Tensor) -> torch.Tensor:
+    op = "_csr_spmm_with_transpose"
+    check_csr_spmm_args(op, crow_indices, col_indices, values, dense)
+    c, tc = ("crow_indices", crow_indices), ("t_crow_indices", t_crow_indices)
+    check_csr_indices(op, tc, ("t_col_indices", t_col_indices), c)
+    check_csr_indices(op, tc, ("t_perm", t_perm), c)
+    _same_dtype(op, c, tc)
+    check(t_crow_indices.numel() == dense.shape[0] + 1, op,
+          f"t_crow_indices must hold K + 1 = {dense.shape[0] + 1} entries (K = dense.size(0)), got {t_crow_indices.numel()}")
+    nnz = col_indices.numel()
+    check(t_col_indices.numel() == nnz and t_perm.numel() == nnz, op,
+          f"t_col_indices and t_perm must hold nnz = {nnz} entries, got {t_col_indices.numel()} and {t_perm.numel()}")
+    return values.new_empty((crow_indices.shape[0] - 1, dense.shape[1]))
+
+
+@torch.library.register_fake("myns::_csr_sddmm")
+def csr_sddmm(crow_indices: torch.Tensor, col_indices: torch.Tensor, grad_out: torch.Tensor,
+              dense: torch.Tensor) -> torch.Tensor:
+    op = "_csr_sddmm"
+    g, d = ("grad_out", grad_out), ("dense", dense)
+    check_csr_indices(op, ("crow_indices", crow_indices), ("col_indices", col_indices), g)
+    check_csr_matrix(op, g, g)
+    check_csr_matrix(op, d, g)
+    _same_dtype(op, g, d)
+    m = crow_indices.numel() - 1
+    check(grad_out.shape[0] == m, op, f"grad_out must have crow_indices.numel() - 1 = {m} rows, got {grad_out.shape[0]}")
+    check(grad_out.shape[1] == dense.shape[1], op,
+          f"grad_out and dense must have the same number of columns, got {grad_out.shape[1]} and {dense.shape[1]}")
+    return grad_out.new_empty((col_indices.shape[0],))
+
+
+@torch.library.register_fake("myns::_csr_transpose")
+def csr_transpose(crow_indices: torch.Tensor, col_indices: torch.Tensor,
+                  K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    op = "_csr_transpose"
+    c = ("crow_indices", crow_indices)
+    check_csr_indices(op, c, ("col_indices", col_indices), c)
+    check(K >= 0, op, f"K must be non-negative, got {K}")
+    nnz = col_indices.shape[0]
+    return crow_indices.new_empty((K + 1,)), crow_indices.new_empty((nnz,)), crow_indices.new_empty((nnz,))

@@ -1,0 +1,269 @@
+"""csr_spmm specifics the generic tables don't express: agreement with torch.sparse on larger power-law
+matrices, the Python wrappers (check_invariants, spmm on a sparse CSR tensor and its transpose cache),
+deterministic gradients, double backward, and on CUDA: malformed indices that must not crash, power-law
+row lengths, wide N and run-to-run determinism of the forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchops
+from helpers import DEVICES, HAS_CUDA, requires_cuda
+from op_db import _csr_indices, csr_spmm_reference, csr_transpose_reference
+from torchops import ops as torchops_ops
+
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-10, atol=1e-10),
+       torch.bfloat16: dict(rtol=3e-2, atol=3e-2), torch.float16: dict(rtol=5e-3, atol=5e-3)}
+
+
+def power_law_csr(m: int, k: int, nnz: int, *, device: str, index_dtype=torch.int64, long_rows: int = 3,
+                  long_len: int = 0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows with Zipf-like lengths summing to about nnz, plus `long_rows` rows of `long_len` nonzeros."""
+    g = torch.Generator().manual_seed(seed)
+    weights = 1.0 / torch.arange(1, m + 1, dtype=torch.float64) ** 1.1
+    lens = torch.distributions.Multinomial(nnz, probs=weights / weights.sum()).sample().long() if nnz else torch.zeros(m, dtype=torch.long)
+    lens = lens[torch.randperm(m, generator=g)]
+    if long_len:
+        lens[torch.randperm(m, generator=g)[:long_rows]] = long_len
+    crow = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lens, 0)])
+    col = torch.randint(0, k, (int(crow[-1]),), generator=g)
+    return crow.to(index_dtype).to(device), col.to(index_dtype).to(device)
+
+
+def torch_sparse(crow, col, values, k):
+    return torch.sparse_csr_tensor(crow.long(), col.long(), values, (crow.numel() - 1, k))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_matches_torch_sparse_mm_on_power_law(device: str, dtype: torch.dtype) -> None:
+    crow, col = power_law_csr(500, 300, 6000, device=device, index_dtype=torch.int32, long_len=700)
+    values = torch.randn(col.numel(), device=device, dtype=dtype)
+    for n in (1, 7, 32, 64, 128):
+        dense = torch.randn(300, n, device=device, dtype=dtype)
+        got = torchops.csr_spmm(crow, col, values, dense)
+        expected = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), 300) @ dense.cpu().double()
+        torch.testing.assert_close(got.cpu().double(), expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_indices_and_values(device: str) -> None:
+    crow, col = power_law_csr(50, 40, 400, device=device)
+    values = torch.randn(col.numel(), 2, device=device)[:, 1]  # stride 2
+    col_strided = torch.stack([col, col], 1)[:, 0]
+    crow_strided = torch.stack([crow, crow], 1)[:, 1]
+    dense = torch.randn(40, 16, device=device)
+    expected = csr_spmm_reference(crow.cpu(), col.cpu(), values.cpu().double(), dense.cpu().double())
+    got = torchops.csr_spmm(crow_strided, col_strided, values, dense)
+    torch.testing.assert_close(got.cpu().double(), expected, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------- check_invariants
+
+_MALFORMED = [  # crow, col, K, message
+    ([1, 2, 3], [0, 2, 1], 3, r"crow_indices\[0\] must be 0, got 1"),
+    ([0, 3, 2, 3], [0, 2, 1], 3, r"crow_indices must be non-decreasing, got crow_indices\[1\] = 3 > crow_indices\[2\] = 2"),
+    ([0, 2, 4], [0, 2, 1], 3, r"crow_indices\[-1\] must equal nnz = 3 \(the length of col_indices\), got 4"),
+    ([0, 2, 3], [0, 3, 1], 3, r"col_indices must lie in \[0, K\) with K = 3, got col_indices\[1\] = 3"),
+    ([0, 2, 3], [0, -2, 1], 3, r"col_indices must lie in \[0, K\) with K = 3, got col_indices\[1\] = -2"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("crow,col,k,message", _MALFORMED)
+def test_check_invariants_raises_on_every_device(device, index_dtype, crow, col, k, message) -> None:
+    crow = torch.tensor(crow, dtype=index_dtype, device=device)
+    col = torch.tensor(col, dtype=index_dtype, device=device)
+    values, dense = torch.randn(col.numel(), device=device), torch.randn(k, 4, device=device)
+    with pytest.raises(RuntimeError, match=r"myns::csr_spmm: " + message):
+        torchops.csr_spmm(crow, col, values, dense, check_invariants=True)
+    if device == "cpu":  # the CPU kernel validates without being asked, with the same words
+        with pytest.raises(RuntimeError, match=r"myns::csr_spmm: " + message):
+            torchops.csr_spmm(crow, col, values, dense)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_check_invariants_passes_valid_input_and_leaves_metadata_errors_to_the_op(device: str) -> None:
+    crow, col = _csr_indices([[0, 2], [], [1]], torch.int32, device)
+    values, dense = torch.randn(3, device=device), torch.randn(3, 5, device=device)
+    torch.testing.assert_close(torchops.csr_spmm(crow, col, values, dense, check_invariants=True),
+                               torchops.csr_spmm(crow, col, values, dense))
+    with pytest.raises(RuntimeError, match=r"myns::csr_spmm: crow_indices must be 1-D"):
+        torchops.csr_spmm(crow.view(1, -1), col, values, dense, check_invariants=True)
+
+
+# ------------------------------------------------------------------------------------------- spmm(A, dense)
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_spmm_sparse_csr_tensor_forward_and_grads(device: str) -> None:
+    crow, col = power_law_csr(60, 45, 500, device=device, seed=3)
+    values = torch.randn(col.numel(), device=device, dtype=torch.float64)
+    A = torch.sparse_csr_tensor(crow, col, values, (60, 45)).requires_grad_()
+    dense = torch.randn(45, 9, device=device, dtype=torch.float64, requires_grad=True)
+    out = torchops.spmm(A, dense)
+    w = torch.randn_like(out)
+    (out * w).sum().backward()
+
+    A_ref = torch_sparse(crow, col, values, 45).to_dense().requires_grad_()
+    dense_ref = dense.detach().clone().requires_grad_()
+    ref = A_ref @ dense_ref
+    (ref * w).sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(dense.grad, dense_ref.grad)
+    assert A.grad is not None and A.grad.layout == torch.sparse_csr
+    rows = torch.repeat_interleave(torch.arange(60, device=device), crow[1:] - crow[:-1])
+    torch.testing.assert_close(A.grad.values(), A_ref.grad[rows, col])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_spmm_caches_the_transpose_per_tensor(device: str) -> None:
+    crow, col = power_law_csr(30, 20, 200, device=device, seed=4)
+    A = torch.sparse_csr_tensor(crow, col, torch.randn(col.numel(), device=device), (30, 20))
+    dense = torch.randn(20, 8, device=device, requires_grad=True)
+    torchops.spmm(A, dense).sum().backward()
+    first = torchops_ops._TRANSPOSE_CACHE[A].tensors
+    grad_first = dense.grad.clone()
+    dense.grad = None
+    torchops.spmm(A, dense).sum().backward()
+    assert torchops_ops._TRANSPOSE_CACHE[A].tensors[0] is first[0], "the second call must reuse the transpose"
+    torch.testing.assert_close(dense.grad, grad_first, rtol=0, atol=0)
+    expected = csr_transpose_reference(crow.cpu(), col.cpu(), 20)
+    for got, exp in zip(first, expected):
+        torch.testing.assert_close(got.cpu(), exp)
+    # No gradient wanted: no transpose computed.
+    B = torch.sparse_csr_tensor(crow, col, torch.randn(col.numel(), device=device), (30, 20))
+    torchops.spmm(B, dense.detach())
+    assert B not in torchops_ops._TRANSPOSE_CACHE
+    # Indices changed in place: recomputed.
+    A.col_indices().copy_(torch.flip(A.col_indices(), [0]))
+    dense.grad = None
+    torchops.spmm(A, dense).sum().backward()
+    assert torchops_ops._TRANSPOSE_CACHE[A].tensors[0] is not first[0]
+
+
+def test_spmm_rejects_non_csr() -> None:
+    with pytest.raises(RuntimeError, match=r"torchops.spmm: A must be a 2-D sparse CSR tensor"):
+        torchops.spmm(torch.randn(3, 3), torch.randn(3, 2))
+    A = torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([0]), torch.ones(1), (1, 3))
+    with pytest.raises(RuntimeError, match=r"torchops.spmm: A is 1 x 3 but dense has 4 rows"):
+        torchops.spmm(A, torch.randn(4, 2))
+
+
+# ------------------------------------------------------------------------------- determinism, double backward
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dense_grad_is_bit_identical_in_deterministic_mode(device: str) -> None:
+    crow, col = power_law_csr(400, 300, 8000, device=device, long_len=2000, seed=5)
+    values = torch.randn(col.numel(), device=device)
+    grad_out = torch.randn(400, 64, device=device)
+    dense0 = torch.randn(300, 64, device=device)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(2):
+            dense, v = dense0.clone().requires_grad_(), values.clone().requires_grad_()
+            torchops.csr_spmm(crow, col, v, dense).backward(grad_out)
+            grads.append((dense.grad, v.grad))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert torch.equal(grads[0][1], grads[1][1])
+    a = csr_spmm_reference(crow.cpu(), col.cpu(), values.cpu().double(), torch.eye(300, dtype=torch.float64))
+    torch.testing.assert_close(grads[0][0].cpu().double(), a.t() @ grad_out.cpu().double(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward(device: str) -> None:
+    crow, col = _csr_indices([[0, 2, 2], [], [1, 3], [3]], torch.int64, device)
+    values = torch.randn(6, device=device, dtype=torch.float64, requires_grad=True)
+    dense = torch.randn(4, 3, device=device, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda v, d: torchops.csr_spmm(crow, col, v, d), (values, dense))
+
+
+# ---------------------------------------------------------------------------------------------------- CUDA
+
+_CUDA_MALFORMED = [  # crow, col, K: indices the CUDA kernels never validate
+    ([0, 2, 3], [0, 7, 1], 3),              # col >= K
+    ([0, 2, 3], [0, -5, 1], 3),             # negative col
+    ([0, 3, 1, 3], [0, 2, 1], 3),           # crow decreasing
+    ([0, 2, 9], [0, 2, 1], 3),              # crow[M] > nnz
+    ([-4, 2, 3], [0, 2, 1], 3),             # crow[0] < 0
+    ([0, 2**31 - 1, 3], [0, 2, 1], 3),      # huge offset
+    ([5, 1, 0], [0, 2, 1], 3),              # everything backwards
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("crow,col,k", _CUDA_MALFORMED)
+def test_cuda_malformed_indices_do_not_crash(index_dtype, crow, col, k) -> None:
+    crow = torch.tensor(crow, dtype=index_dtype, device="cuda")
+    col = torch.tensor(col, dtype=index_dtype, device="cuda")
+    values = torch.randn(col.numel(), device="cuda")
+    for n in (1, 32, 128, 512):
+        dense = torch.randn(k, n, device="cuda")
+        torchops.csr_spmm(crow, col, values, dense)  # result unspecified, but in bounds
+        torch.ops.myns._csr_sddmm(crow, col, torch.randn(crow.numel() - 1, n, device="cuda"), dense)
+    torch.ops.myns._csr_transpose(crow, col, k)
+    torch.cuda.synchronize()  # a device-side fault would surface here
+    x = torch.randn(1000, device="cuda")
+    torch.testing.assert_close(torchops.vector_add(x, x).cpu(), 2 * x.cpu())  # the context still works
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("n", [32, 64, 128, 256, 512, 33, 1100])
+def test_cuda_power_law_rows(dtype: torch.dtype, n: int) -> None:
+    # A few rows of 20000 nonzeros among thousands of short ones: many work units share a row.
+    crow, col = power_law_csr(3000, 2500, 30000, device="cuda", long_len=20000, seed=6)
+    values = torch.randn(col.numel(), device="cuda", dtype=dtype)
+    dense = torch.randn(2500, n, device="cuda", dtype=dtype)
+    got = torchops.csr_spmm(crow, col, values, dense)
+    expected = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), 2500) @ dense.cpu().double()
+    tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float32 else TOL[dtype]
+    if dtype in (torch.bfloat16, torch.float16):  # 20000-term sums: compare relative to the row scale
+        tol = dict(rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
+    torch.testing.assert_close(got.cpu().double(), expected, **tol)
+
+
+@requires_cuda
+def test_cuda_forward_and_backward_are_deterministic() -> None:
+    crow, col = power_law_csr(5000, 4000, 100000, device="cuda", long_len=30000, seed=7)
+    values = torch.randn(col.numel(), device="cuda", requires_grad=True)
+    dense = torch.randn(4000, 128, device="cuda", requires_grad=True)
+    runs = []
+    for _ in range(2):
+        out = torchops.csr_spmm(crow, col, values, dense)
+        gv, gd = torch.autograd.grad(out, (values, dense), torch.ones_like(out))
+        runs.append((out, gv, gd))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+@requires_cuda
+def test_cuda_matches_cpu_on_every_layout() -> None:
+    crow, col = power_law_csr(200, 150, 3000, device="cpu", long_len=900, seed=8)
+    values = torch.randn(col.numel())
+    for dense in (torch.randn(150, 96), torch.randn(96, 150).t(), torch.randn(150, 200)[:, 3:99]):
+        cpu = torchops.csr_spmm(crow, col, values, dense)
+        cuda = torchops.csr_spmm(crow.cuda(), col.cuda(), values.cuda(), dense.cuda())
+        torch.testing.assert_close(cuda.cpu(), cpu, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_runs_on_the_current_stream() -> None:
+    crow, col = power_law_csr(100, 80, 2000, device="cuda", seed=9)
+    values = torch.randn(col.numel(), device="cuda")
+    dense = torch.zeros(80, 64, device="cuda")
+    src = torch.randn(80, 64, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        dense.copy_(src)
+        out = torchops.csr_spmm(crow, col, values, dense)
+    side.synchronize()
+    torch.testing.assert_close(out, torch_sparse(crow, col, values, 80) @ src, rtol=1e-4, atol=1e-4)
