@@ -14,14 +14,17 @@
 //     is left in a carry buffer, and a second kernel adds each row's carries in unit order.
 // Accumulation is f32 for f16/bf16/f32 and f64 for f64. The result is deterministic: every partial sum is
 // taken in a fixed order that depends only on the shapes and the GPU's SM count, never on scheduling.
-// (For f16/bf16 a row split across units is rounded twice: its last part is stored, then the carries are
-// added; at most one extra rounding of the output type.)
+// For f16/bf16 a row split across units is rounded once: the unit that ends it leaves its part in f32
+// too (the `head` buffer) and the second kernel stores the f32 sum. (Storing that part and adding the
+// carries to it would round twice, which cancellation between the parts can turn into a large error.)
 // Indices are never validated here (no host sync): see csr_cuda.cuh for how malformed ones stay in bounds.
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+
+#include <type_traits>
 
 #include "../common/csr.h"
 #include "../common/csr_cuda.cuh"
@@ -48,6 +51,7 @@ struct SpmmArgs {
   int64_t per_unit, units, column_tiles;
   opmath_t<T>* carry;  // units x N
   int64_t* carry_row;  // units: the row a unit's carry belongs to, or -1
+  opmath_t<T>* head;   // units x N, 16-bit T only (else null): unit u > 0's part of row start.row when it ends there
 };
 
 template <typename T, int V>
@@ -128,7 +132,18 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
         }
         j = wbase + ke;
       }
-      if (r < end.row) {  // row r ends in this unit
+      if (r < end.row && a.head != nullptr && r == start.row && unit > 0) {
+        // Ends here but began in an earlier unit (which carries it): the carry kernel stores the f32 sum.
+        acc_t* hrow = a.head + unit * a.N;
+#pragma unroll
+        for (int cc = 0; cc < C; ++cc)
+          if (cok[cc])
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+              hrow[cj[cc] + e] = acc[cc][e];
+              acc[cc][e] = acc_t(0);
+            }
+      } else if (r < end.row) {  // row r ends in this unit
         T* orow = a.out + r * a.N;
 #pragma unroll
         for (int cc = 0; cc < C; ++cc) {
@@ -156,11 +171,12 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
 }
 
 // Adds the carries of each row that several units share: the first unit of a run of units carrying row r
-// sums the run's carries in unit order and adds them to out[r], which the unit ending the row has stored.
+// sums the run's carries in unit order and adds the part of the unit ending the row (the next one), which
+// that unit stored in out[r] (f32/f64) or left in head (16-bit).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     csr_spmm_carry_kernel(T* out, int64_t M, int64_t N, const opmath_t<T>* carry, const int64_t* carry_row,
-                          int64_t units) {
+                          const opmath_t<T>* head, int64_t units) {
   using acc_t = opmath_t<T>;
   for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
     const int64_t r = carry_row[u];
@@ -171,7 +187,9 @@ __global__ void __launch_bounds__(kThreads)
       acc_t s = acc_t(0);
 #pragma unroll 4
       for (int64_t v = u; v <= last; ++v) s += carry[v * N + col];
-      out[r * N + col] = static_cast<T>(static_cast<acc_t>(out[r * N + col]) + s);
+      const acc_t tail = head != nullptr && last + 1 < units ? head[(last + 1) * N + col]
+                                                             : static_cast<acc_t>(out[r * N + col]);
+      out[r * N + col] = static_cast<T>(tail + s);
     }
   }
 }
@@ -204,6 +222,13 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
   at::Tensor carry_row = at::detail::empty_cuda({a.units}, at::kLong, like.device(), std::nullopt);
   a.carry = carry.mutable_data_ptr<opmath_t<T>>();
   a.carry_row = carry_row.mutable_data_ptr<int64_t>();
+  at::Tensor head;
+  a.head = nullptr;
+  if constexpr (!std::is_same_v<T, opmath_t<T>>) {
+    head = at::detail::empty_cuda({a.units * a.N}, c10::CppTypeToScalarType<opmath_t<T>>::value, like.device(),
+                                  std::nullopt);
+    a.head = head.mutable_data_ptr<opmath_t<T>>();
+  }
 
   if (v == kMaxV) {
     if (c == 4) {
@@ -221,7 +246,7 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
     if constexpr (kMaxV > 4) launch_config<T, Index, 4, 1>(a, stream);
   }
   csr_spmm_carry_kernel<T><<<blocks_to_cover(a.units, 1), kThreads, 0, stream>>>(
-      a.out, a.M, a.N, a.carry, a.carry_row, a.units);
+      a.out, a.M, a.N, a.carry, a.carry_row, a.head, a.units);
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
