@@ -31,7 +31,7 @@ TORCH_LIBRARY(myns, m) {
   m.set_python_module("meta_kernels.rms_norm");
   m.def("rms_norm(Tensor input, Tensor? weight=None, float eps=1e-06) -> Tensor", tags);
   // Internal, for autograd: out plus each row's rstd (shape input.shape[:-1]; float32, float64 for float64).
-  m.def("_rms_norm_forward(Tensor input, Tensor? weight, float eps) -> (Tensor out, Tensor rstd)", tags);
+  m.def("_rms_norm_forward(Tensor input, Tensor? weight, float eps=1e-06) -> (Tensor out, Tensor rstd)", tags);
   // Internal: grad_input (when input_grad) and grad_weight (when weight_grad; needs a weight); an output not
   // asked for is a [0]-shaped placeholder.
   m.def("_rms_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor rstd, bool input_grad, "

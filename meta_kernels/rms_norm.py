@@ -55,7 +55,9 @@ def rms_norm(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float
 
 
 @torch.library.register_fake("myns::_rms_norm_forward")
-def _rms_norm_forward(input: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_norm_forward(
+    input: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     check_norm_input("_rms_norm_forward", input, weight)
     return input.new_empty(input.shape), input.new_empty(input.shape[:-1], dtype=stat_dtype(input.dtype))
 

@@ -31,10 +31,14 @@ namespace {
 using namespace torchops::cuda;
 
 constexpr int kWarpSize = 32;
-constexpr int kMaxThreads = 1024;
 constexpr int kWarpsPerBlock = 4;  // warp-per-row kernels: 4 rows at a time per 128-thread block
 constexpr int kWarpMaxUnits = 8;   // 16-byte units per lane at most in warp-per-row mode
 constexpr int kBlockUnits = 4;     // 16-byte units per thread cached in block-per-row mode
+// Block-per-row thread caps, which are also the kernels' launch bounds (so register budgets: 64 per
+// thread at 1024, 128 at 512). The backward keeps two rows' worth (x and dy) in registers: at 1024
+// threads ptxas spilled its bf16 variant.
+constexpr int kForwardMaxThreads = 1024;
+constexpr int kBackwardMaxThreads = 512;
 constexpr int kReduceRows = 16;    // dweight reduction: partial rows summed in parallel per column
 constexpr size_t kDefaultSmem = 48 * 1024;
 
@@ -100,7 +104,7 @@ __device__ __forceinline__ AlignedVector<T, kC> normalize(const AlignedVector<T,
 // elements [c * kC, c * kC + kC). A processor's thread t owns chunks t, t + threads, ...: the first kSlots
 // of them stay in registers between the two sweeps. rstd may be null (rms_norm); otherwise rstd[row].
 template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow>
-__global__ void __launch_bounds__(kBlockPerRow ? kMaxThreads : kWarpSize * kWarpsPerBlock)
+__global__ void __launch_bounds__(kBlockPerRow ? kForwardMaxThreads : kWarpSize * kWarpsPerBlock)
     rms_norm_forward_kernel(const T* __restrict__ x, int64_t x_row_stride, const W* __restrict__ weight,
                             T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows, int64_t n,
                             opmath_t<T> eps) {
@@ -158,7 +162,7 @@ __global__ void __launch_bounds__(kBlockPerRow ? kMaxThreads : kWarpSize * kWarp
 // is not wanted here) receives the block's sum of dy * x * rstd over its rows: each processor accumulates
 // into its own shared-memory row (`procs x n` values of A, dynamic), summed in processor order at the end.
 template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow>
-__global__ void __launch_bounds__(kBlockPerRow ? kMaxThreads : kWarpSize * kWarpsPerBlock)
+__global__ void __launch_bounds__(kBlockPerRow ? kBackwardMaxThreads : kWarpSize * kWarpsPerBlock)
     rms_norm_backward_kernel(const T* __restrict__ dy, int64_t dy_row_stride, const T* __restrict__ x,
                              int64_t x_row_stride, const W* __restrict__ weight,
                              const opmath_t<T>* __restrict__ rstd, T* __restrict__ dx,
@@ -308,24 +312,35 @@ int device_attribute(cudaDeviceAttr attr, int device) {
   return value;
 }
 
-// The geometry both passes share. Sizes are counted in 16-byte units of T (kUnit elements).
+// Chunks of kC elements a thread keeps in registers per 16-byte unit of its share: one vector, or half a
+// vector's worth of single elements (element-wise, each value takes a whole register; ptxas spilled
+// with a full vector's worth).
+template <typename T, int kC>
+constexpr int chunks_per_unit() {
+  return kC == 1 ? (vector_size<T>() / 2 > 1 ? vector_size<T>() / 2 : 1) : 1;
+}
+
+// The geometry of a launch. Row sizes are counted in 16-byte units of T.
 struct RowConfig {
   bool block_per_row;
   int units;    // 16-byte units per thread kept in registers: 1, 4 or 8 (warp), kBlockUnits (block)
   int threads;  // per block
 };
 
-template <typename T>
-RowConfig row_config(int64_t n) {
+// Warp per row up to 32 lanes x kWarpMaxUnits units, else a block per row with enough threads to hold
+// the row (kBlockUnits units each, up to max_threads; the rest of a longer row is read twice).
+template <typename T, int kC>
+RowConfig row_config(int64_t n, int max_threads) {
   constexpr int kUnit = vector_size<T>();
   const int64_t n_units = (n + kUnit - 1) / kUnit;
   if (n_units <= int64_t{kWarpSize} * kWarpMaxUnits) {
     const int units = n_units <= kWarpSize ? 1 : n_units <= 4 * kWarpSize ? 4 : kWarpMaxUnits;
     return {false, units, kWarpSize * kWarpsPerBlock};
   }
-  const int64_t threads = (n_units + kBlockUnits - 1) / kBlockUnits;
+  const int64_t per_thread = int64_t{kBlockUnits} * chunks_per_unit<T, kC>() * kC;  // elements
+  const int64_t threads = (n + per_thread - 1) / per_thread;
   const int64_t rounded = (threads + kWarpSize - 1) / kWarpSize * kWarpSize;
-  return {true, kBlockUnits, static_cast<int>(std::min<int64_t>(kMaxThreads, rounded))};
+  return {true, kBlockUnits, static_cast<int>(std::min<int64_t>(max_threads, rounded))};
 }
 
 // Every row start of x (and of the dense output rows) 16-byte aligned, and the weight aligned for its own
@@ -340,7 +355,7 @@ bool rows_vectorizable(const T* x, int64_t x_row_stride, const T* out, int64_t n
 // Calls fn(std::integral_constant<int, kSlots>, std::bool_constant<kBlockPerRow>) for the config.
 template <typename T, int kC, typename Fn>
 void with_slots(const RowConfig& cfg, Fn&& fn) {
-  constexpr int kPerUnit = vector_size<T>() / kC;  // chunks per 16-byte unit
+  constexpr int kPerUnit = chunks_per_unit<T, kC>();
   if (cfg.block_per_row) return fn(std::integral_constant<int, kBlockUnits * kPerUnit>{}, std::true_type{});
   switch (cfg.units) {
     case 1: return fn(std::integral_constant<int, 1 * kPerUnit>{}, std::false_type{});
@@ -351,7 +366,7 @@ void with_slots(const RowConfig& cfg, Fn&& fn) {
 
 template <typename T, typename W, int kC>
 void launch_forward(const NormRows& x, const W* w, T* y, opmath_t<T>* rstd, double eps, cudaStream_t stream) {
-  const RowConfig cfg = row_config<T>(x.cols);
+  const RowConfig cfg = row_config<T, kC>(x.cols, kForwardMaxThreads);
   const int per_block = cfg.block_per_row ? 1 : cfg.threads / kWarpSize;
   const unsigned int blocks = blocks_to_cover(x.rows, per_block);
   with_slots<T, kC>(cfg, [&](auto slots, auto block_per_row) {
@@ -409,7 +424,7 @@ void launch_backward(const NormRows& dy, const NormRows& x, const W* w, const op
                      const at::Tensor& grad_weight, int device, cudaStream_t stream) {
   using A = opmath_t<T>;
   const int64_t rows = x.rows, n = x.cols;
-  const RowConfig cfg = row_config<T>(n);
+  const RowConfig cfg = row_config<T, kC>(n, kBackwardMaxThreads);
   const int per_block = cfg.block_per_row ? 1 : cfg.threads / kWarpSize;
   const bool want_dw = grad_weight.defined();
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
