@@ -27,6 +27,15 @@ TORCH_LIBRARY(myns, m) {
   // The K x M transpose in CSR form (= A in CSC): (t_crow_indices[K + 1], t_col_indices[nnz] = row of each
   // nonzero, t_perm[nnz] = its position in A), stable: rows ascending within each column.
   m.def("_csr_transpose(Tensor crow_indices, Tensor col_indices, SymInt K) -> (Tensor, Tensor, Tensor)", tags);
+
+  m.set_python_module("meta_kernels.rms_norm");
+  m.def("rms_norm(Tensor input, Tensor? weight=None, float eps=1e-06) -> Tensor", tags);
+  // Internal, for autograd: out plus each row's rstd (shape input.shape[:-1]; float32, float64 for float64).
+  m.def("_rms_norm_forward(Tensor input, Tensor? weight, float eps=1e-06) -> (Tensor out, Tensor rstd)", tags);
+  // Internal: grad_input (when input_grad) and grad_weight (when weight_grad; needs a weight); an output not
+  // asked for is a [0]-shaped placeholder.
+  m.def("_rms_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor rstd, bool input_grad, "
+        "bool weight_grad) -> (Tensor grad_input, Tensor grad_weight)", tags);
 }
 
 namespace {

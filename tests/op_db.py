@@ -42,6 +42,8 @@ class OpInfo:
     sized_inputs: Callable[[str, torch.dtype, int], tuple[Any, ...]]
     differentiable: bool = True
     mutated_arg: int | None = None  # out= ops: index of the argument written (the op returns nothing)
+    # dtype of each output for a sample; None: every output has the sample's dtype.
+    output_dtypes: Callable[[Sample], tuple[torch.dtype, ...]] | None = None
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -539,6 +541,195 @@ def csr_transpose_errors(device: str) -> list[ErrorInput]:
     return _named("_csr_transpose", cases)
 
 
+# ------------------------------------------------------------------------------------------------ rms_norm
+# (shape, input layout, weight, eps). Layouts beyond make_layout's: "row_sliced" (rows of a wider tensor:
+# a row stride, dense last dim, read in place) and "offset" rows (misaligned for 16-byte vectors). Weights:
+# None, "same" (input's dtype), "f32" (float32 with 16-bit input; input's dtype otherwise), "strided".
+# N covers 1, odd sizes missing every vector width, both sides of the CUDA warp/block-per-row switch
+# (2048 elements for 16-bit, 1024 f32, 512 f64) and a large N (8192 + 3).
+_RMS_NORM_CASES: list[tuple[tuple[int, ...], str, str | None, float]] = [
+    ((4, 1), "contiguous", "same", 1e-6),
+    ((3, 7), "contiguous", None, 1e-6),
+    ((5, 33), "contiguous", "same", 1e-5),
+    ((6, 64), "contiguous", "f32", 1e-6),
+    ((3, 1000), "contiguous", "same", 1e-6),
+    ((2, 1001), "offset", "f32", 1e-6),
+    ((3, 2048), "contiguous", "same", 1e-6),
+    ((2, 2056), "contiguous", "f32", 1e-6),
+    ((2, 8195), "contiguous", "same", 1e-6),
+    ((2, 8192), "row_sliced", "f32", 0.1),
+    ((300, 16), "contiguous", "same", 1e-6),
+    ((0, 16), "contiguous", "same", 1e-6),
+    ((2, 0, 8), "contiguous", None, 1e-6),
+    ((16,), "contiguous", "same", 1e-6),
+    ((2, 3, 40), "contiguous", "same", 0.0),
+    ((2, 3, 40), "permuted", "same", 1e-6),
+    ((24, 10), "transposed", "strided", 1e-6),
+    ((9, 48), "row_sliced", None, 1e-6),
+    ((5, 24), "expanded", "same", 1e-6),
+]
+
+
+def _rms_norm_input(shape: tuple[int, ...], dtype: torch.dtype, device: str, layout: str) -> torch.Tensor:
+    if layout == "row_sliced":
+        return random_tensor(shape[:-1] + (shape[-1] + 5,), dtype, device)[..., : shape[-1]]
+    return make_layout(shape, dtype, device, layout)
+
+
+def _rms_norm_weight(kind: str | None, n: int, dtype: torch.dtype, device: str) -> torch.Tensor | None:
+    if kind is None:
+        return None
+    if kind == "f32" and dtype in (torch.float16, torch.bfloat16):
+        return random_tensor((n,), torch.float32, device)
+    if kind == "strided":
+        return random_tensor((2 * n,), dtype, device)[::2]
+    return random_tensor((n,), dtype, device)
+
+
+def _rms_norm_args(device: str, dtype: torch.dtype, requires_grad: bool):
+    for shape, layout, weight_kind, eps in _RMS_NORM_CASES:
+        x = _grad(_rms_norm_input(shape, dtype, device, layout), requires_grad)
+        w = _rms_norm_weight(weight_kind, shape[-1], dtype, device)
+        w = None if w is None else _grad(w, requires_grad)
+        wdesc = "no weight" if w is None else f"weight {str(w.dtype).removeprefix('torch.')}"
+        yield x, w, eps, f"{shape} {layout}, {wdesc}, eps={eps}"
+
+
+def rms_norm_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    samples = [Sample((x, w, eps), desc=desc) for x, w, eps, desc in _rms_norm_args(device, dtype, requires_grad)]
+    x = _grad(random_tensor((4, 12), dtype, device), requires_grad)
+    samples.append(Sample((x,), desc="(4, 12), weight and eps defaulted"))
+    return samples
+
+
+def rms_norm_reference(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    rstd = torch.rsqrt(input.pow(2).mean(-1, keepdim=True) + eps)
+    out = input * rstd
+    return out if weight is None else out * weight
+
+
+def rms_norm_forward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    return [Sample((x, w, eps), desc=desc) for x, w, eps, desc in _rms_norm_args(device, dtype, requires_grad)]
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rms_norm_forward_reference(input: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, ...]:
+    rstd = torch.rsqrt(input.pow(2).mean(-1) + eps)
+    return rms_norm_reference(input, weight, eps), rstd
+
+
+def rms_norm_forward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
+    dtype = sample.args[0].dtype
+    return dtype, _stat_dtype(dtype)
+
+
+def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    xs = x.detach().to(_stat_dtype(x.dtype))
+    return torch.rsqrt(xs.pow(2).mean(-1) + eps)
+
+
+def rms_norm_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    samples = []
+    masks = [(True, True), (True, False), (False, True), (False, False)]
+    for i, (x, w, eps, desc) in enumerate(_rms_norm_args(device, dtype, False)):
+        # grad_out in the other layout family, so dy and x take different paths when one is copied.
+        dy = _rms_norm_input(tuple(x.shape), dtype, device, "row_sliced" if x.is_contiguous() else "contiguous")
+        input_grad, weight_grad = masks[i % len(masks)]
+        weight_grad = weight_grad and w is not None
+        samples.append(Sample((dy, x, w, _rstd(x, eps), input_grad, weight_grad),
+                              desc=f"{desc}, input_grad={input_grad}, weight_grad={weight_grad}"))
+    return samples
+
+
+def rms_norm_backward_reference(grad_out, input, weight, rstd, input_grad, weight_grad):
+    n = input.shape[-1]
+    r = rstd.unsqueeze(-1)
+    g = grad_out if weight is None else grad_out * weight
+    s = (g * input).sum(-1, keepdim=True)
+    grad_input = r * g - input * r.pow(3) / n * s if input_grad else input.new_empty(0)
+    if weight_grad:
+        grad_weight = (grad_out * input * r).reshape(-1, n).sum(0)
+    else:
+        grad_weight = input.new_empty(0)
+    return grad_input, grad_weight
+
+
+def rms_norm_backward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
+    x, w = sample.args[1], sample.args[2]
+    return x.dtype, (x.dtype if w is None else w.dtype)
+
+
+def rms_norm_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (random_tensor((n, 16), dtype, device), random_tensor((16,), dtype, device), 1e-6)
+
+
+def rms_norm_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    x = random_tensor((n, 16), dtype, device)
+    return (random_tensor((n, 16), dtype, device), x, random_tensor((16,), dtype, device), _rstd(x, 1e-6), True, True)
+
+
+def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[ErrorInput]:
+    """Bad input / weight for an op taking (input, weight, eps, ...)."""
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    cases = [
+        ErrorInput(Sample((f32(()), None, 1e-6) + extra), r"myns::OP: input must have at least 1 dimension, got a 0-dim tensor"),
+        ErrorInput(Sample((f32(4, 8).to(torch.int32), None, 1e-6) + extra),
+                   r"myns::OP: input has unsupported dtype Int; supported: Half, BFloat16, Float, Double"),
+        ErrorInput(Sample((f32(3, 0), None, 1e-6) + extra),
+                   r"myns::OP: input's last dimension \(the normalised one\) must be at least 1, got shape \[3, 0\]"),
+        ErrorInput(Sample((f32(4, 8), f32(9), 1e-6) + extra),
+                   r"myns::OP: weight must be 1-D of size 8 \(input's last dimension\), got shape \[9\]"),
+        ErrorInput(Sample((f32(4, 8), f32(1, 8), 1e-6) + extra),
+                   r"myns::OP: weight must be 1-D of size 8 \(input's last dimension\), got shape \[1, 8\]"),
+        ErrorInput(Sample((f32(4, 8), f32(8).double(), 1e-6) + extra),
+                   r"myns::OP: weight must have input's dtype \(Float\), got Double"),
+        ErrorInput(Sample((f32(4, 8).half(), f32(8).bfloat16(), 1e-6) + extra),
+                   r"myns::OP: weight must have input's dtype \(Half\) or Float, got BFloat16"),
+        ErrorInput(Sample((f32(4, 8).double(), f32(8), 1e-6) + extra),
+                   r"myns::OP: weight must have input's dtype \(Double\), got Float"),
+    ]
+    if device == "cuda":
+        cases.append(ErrorInput(Sample((f32(4, 8), torch.randn(8), 1e-6) + extra),
+                                r"myns::OP: input and weight must be on the same device, got cuda:0 and cpu"))
+    for c in cases:
+        c.match = c.match.replace("OP", op)
+    return cases
+
+
+def rms_norm_errors(device: str) -> list[ErrorInput]:
+    return _rms_norm_input_errors("rms_norm", device)
+
+
+def rms_norm_forward_errors(device: str) -> list[ErrorInput]:
+    return _rms_norm_input_errors("_rms_norm_forward", device)
+
+
+def rms_norm_backward_errors(device: str) -> list[ErrorInput]:
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    x, w = f32(4, 8), f32(8)
+    op = "myns::_rms_norm_backward"
+    cases = [
+        ErrorInput(Sample((f32(4, 8), f32(()), None, f32(()), True, False)), rf"{op}: input must have at least 1 dimension"),
+        ErrorInput(Sample((f32(4, 8), x, f32(7), f32(4), True, True)), rf"{op}: weight must be 1-D of size 8"),
+        ErrorInput(Sample((f32(4, 9), x, w, f32(4), True, True)),
+                   rf"{op}: input and grad_out must have the same shape, got \[4, 8\] and \[4, 9\]"),
+        ErrorInput(Sample((f32(4, 8).half(), x, w, f32(4), True, True)),
+                   rf"{op}: input and grad_out must have the same dtype, got Float and Half"),
+        ErrorInput(Sample((f32(4, 8), x, w, f32(4).double(), True, True)),
+                   rf"{op}: rstd must have shape \[4\] \(input's leading dimensions\) and dtype Float, got shape \[4\] and dtype Double"),
+        ErrorInput(Sample((f32(4, 8), x, w, f32(4, 1), True, True)),
+                   rf"{op}: rstd must have shape \[4\] \(input's leading dimensions\) and dtype Float, got shape \[4, 1\]"),
+        ErrorInput(Sample((f32(4, 8), x, None, f32(4), True, True)), rf"{op}: weight_grad is true but weight is None"),
+    ]
+    if device == "cuda":
+        cases.append(ErrorInput(Sample((torch.randn(4, 8), x, w, f32(4), True, True)),
+                                rf"{op}: input and grad_out must be on the same device, got cuda:0 and cpu"))
+    return cases
+
+
 OP_DB: list[OpInfo] = [
     OpInfo(
         name="vector_add",
@@ -607,6 +798,33 @@ OP_DB: list[OpInfo] = [
         error_inputs=csr_transpose_errors,
         sized_inputs=csr_transpose_sized,
         differentiable=False,
+    ),
+    OpInfo(
+        name="rms_norm",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=rms_norm_samples,
+        reference=rms_norm_reference,
+        error_inputs=rms_norm_errors,
+        sized_inputs=rms_norm_sized,
+    ),
+    OpInfo(
+        name="_rms_norm_forward",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=rms_norm_forward_samples,
+        reference=rms_norm_forward_reference,
+        error_inputs=rms_norm_forward_errors,
+        sized_inputs=rms_norm_sized,
+        output_dtypes=rms_norm_forward_dtypes,
+    ),
+    OpInfo(
+        name="_rms_norm_backward",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=rms_norm_backward_samples,
+        reference=rms_norm_backward_reference,
+        error_inputs=rms_norm_backward_errors,
+        sized_inputs=rms_norm_backward_sized,
+        differentiable=False,  # double backward is refused by its Autograd kernel
+        output_dtypes=rms_norm_backward_dtypes,
     ),
 ]
 

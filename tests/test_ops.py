@@ -33,8 +33,10 @@ def test_matches_float64_reference(info: OpInfo, dtype: torch.dtype, device: str
         expected = expected if isinstance(expected, tuple) else (expected,)
         poison_cuda_cache()
         result = info.op(*sample.args, **sample.kwargs)
-        for actual, exp in zip(_outputs(info, sample.args, result), expected):
-            assert actual.device.type == device and actual.dtype == dtype, sample.desc
+        outputs = _outputs(info, sample.args, result)
+        dtypes = info.output_dtypes(sample) if info.output_dtypes else (dtype,) * len(outputs)
+        for actual, exp, out_dtype in zip(outputs, expected, dtypes):
+            assert actual.device.type == device and actual.dtype == out_dtype, sample.desc
             assert actual.shape == exp.shape, sample.desc
             if info.mutated_arg is None:
                 assert actual.is_contiguous(), f"{sample.desc}: output must be a new dense tensor"

@@ -73,6 +73,9 @@ def _fresh_dynamo():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("info", ops())
+# Python float arguments (rms_norm's eps) specialized, as constants: otherwise dynamo first traces them
+# as tensors, restarts the frame when the op needs a Python float, and the counter sees two frames.
+@torch._dynamo.config.patch(specialize_float=True)
 def test_compile_fullgraph_dynamic_one_frame(info: OpInfo, device: str) -> None:
     counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
 

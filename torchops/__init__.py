@@ -14,9 +14,10 @@ _C = _native.load()  # registers the myns schemas and the CPU/CUDA/Autograd kern
 
 import meta_kernels  # noqa: E402,F401  fake kernels for torch.compile / torch.export
 
-from torchops.ops import csr_spmm, spmm, swiglu, vector_add  # noqa: E402
+from torchops import nn  # noqa: E402
+from torchops.ops import csr_spmm, rms_norm, spmm, swiglu, vector_add  # noqa: E402
 
-__all__ = ["build_info", "csr_spmm", "spmm", "swiglu", "vector_add"]
+__all__ = ["build_info", "csr_spmm", "nn", "rms_norm", "spmm", "swiglu", "vector_add"]
 __version__ = "0.1.0"
 
 

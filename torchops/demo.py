@@ -346,6 +346,62 @@ def gcn_compile(device: torch.device) -> str:
     return f"2-layer GCN, {GCN_NODES} nodes; {SGD_STEPS} SGD steps under torch.compile(fullgraph) match eager"
 
 
+# --- rms_norm paths ----------------------------------------------------------------------------
+
+
+class NormMLPBlock(nn.Module):
+    """``x + down(swiglu(gate(h), up(h)))`` with ``h = RMSNorm(x)``: a pre-norm transformer MLP block, all
+    three custom steps by torchops (``nn.RMSNorm``, ``swiglu``, ``vector_add`` for the residual)."""
+
+    def __init__(self, dim: int = DIM, hidden: int = HIDDEN) -> None:
+        super().__init__()
+        self.norm = torchops.nn.RMSNorm(dim)
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.norm(x)
+        return torchops.vector_add(x, self.down(torchops.swiglu(self.gate(h), self.up(h))))
+
+
+def rms_norm_eager(device: torch.device) -> str:
+    cases = 0
+    for dtype, weight_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                (torch.bfloat16, torch.float32)):
+        x = torch.randn(64, 1000, device=device, dtype=dtype)
+        w = torch.rand(1000, device=device, dtype=weight_dtype) + 0.5
+        tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+        with warnings.catch_warnings():  # F.rms_norm warns that mixed dtypes take its unfused path
+            warnings.simplefilter("ignore", UserWarning)
+            expected = F.rms_norm(x, (1000,), w, 1e-6)
+        torch.testing.assert_close(torchops.rms_norm(x, w), expected, rtol=tol, atol=tol)
+        for rows in (x.t().contiguous().t(), x[:, :999]):  # transposed (copied), sliced rows (in place)
+            torch.testing.assert_close(torchops.rms_norm(rows), F.rms_norm(rows, (rows.shape[-1],)), rtol=tol, atol=tol)
+        cases += 3
+    x64 = torch.randn(6, 33, device=device, dtype=torch.float64, requires_grad=True)
+    w64 = torch.randn(33, device=device, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(torchops.rms_norm, (x64, w64))
+    return f"{cases} cases vs F.rms_norm (f32, bf16, bf16 + f32 weight; dense/transposed/sliced); gradcheck (f64)"
+
+
+def norm_mlp_compile(device: torch.device) -> str:
+    torch._dynamo.reset()
+    torch.manual_seed(SEED)
+    eager = NormMLPBlock().to(device)
+    with torch.no_grad():
+        eager.norm.weight.uniform_(0.5, 1.5)  # not the all-ones init, so a wrong weight path shows
+    twin = copy.deepcopy(eager)
+    compiled = torch.compile(twin, fullgraph=True, dynamic=True)
+    _check_model(compiled, eager, device)
+    eager_losses = _train(eager, list(eager.parameters()), device)
+    compiled_losses = _train(compiled, list(twin.parameters()), device)
+    torch.testing.assert_close(compiled_losses, eager_losses, **MODEL_TOL)
+    for p_compiled, p_eager in zip(twin.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p_compiled, p_eager, **MODEL_TOL)
+    return f"RMSNorm + swiglu MLP + vector_add residual; fullgraph+dynamic; {SGD_STEPS} SGD steps match eager"
+
+
 PATHS: list[DemoPath] = [
     DemoPath("eager", vector_add_eager),
     DemoPath("autograd", vector_add_autograd),
@@ -357,6 +413,8 @@ PATHS: list[DemoPath] = [
     DemoPath("swiglu/mlp-compile", swiglu_mlp_compile, hint="torch.compile training, may take ~30 s"),
     DemoPath("csr_spmm/eager", csr_spmm_eager),
     DemoPath("csr_spmm/gcn-compile", gcn_compile, hint="torch.compile of a GCN training step, may take ~30 s"),
+    DemoPath("rms_norm/eager", rms_norm_eager),
+    DemoPath("rms_norm/block-compile", norm_mlp_compile, hint="torch.compile of a training step, may take ~30 s"),
 ]
 
 

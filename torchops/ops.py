@@ -12,12 +12,13 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["csr_spmm", "spmm", "swiglu", "vector_add"]
+__all__ = ["csr_spmm", "rms_norm", "spmm", "swiglu", "vector_add"]
 
 # Resolved once: attribute lookups through torch.ops cost about as much as a small kernel launch.
 _vector_add = torch.ops.myns.vector_add.default
 _vector_add_out = torch.ops.myns.vector_add_out.default
 _swiglu = torch.ops.myns.swiglu.default
+_rms_norm = torch.ops.myns.rms_norm.default
 
 # Each wrapper comes in two bodies with the same logic. The public one calls the C++ entry behind each
 # OpOverload (`._op`): OpOverload.__call__ only adds a Python frame and a check for ops with Python-level
@@ -28,6 +29,7 @@ _swiglu = torch.ops.myns.swiglu.default
 _vector_add_c = _vector_add._op
 _vector_add_out_c = _vector_add_out._op
 _swiglu_c = _swiglu._op
+_rms_norm_c = _rms_norm._op
 _csr_spmm = torch.ops.myns.csr_spmm.default
 _csr_spmm_with_transpose = torch.ops.myns._csr_spmm_with_transpose.default
 _csr_transpose = torch.ops.myns._csr_transpose.default
@@ -91,6 +93,35 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 @torch.compiler.substitute_in_graph(swiglu)
 def _swiglu_traced(gate: Tensor, up: Tensor) -> Tensor:
     return _swiglu(gate, up)
+
+
+def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """Root-mean-square normalisation over the last dimension: ``x * rsqrt(mean(x**2, -1) + eps) * weight``.
+
+    Equal to ``torch.nn.functional.rms_norm(input, (input.shape[-1],), weight, eps)``.
+
+    Args:
+        input: float16, bfloat16, float32 or float64 tensor of shape ``(..., N)``, ``N >= 1``, any leading
+            shape (also empty). Rows with a row stride and a dense last dimension are read in place; other
+            layouts are copied to a dense tensor first.
+        weight: optional tensor of shape ``(N,)`` on input's device, of input's dtype, or float32 with a
+            float16/bfloat16 input (mixed precision).
+        eps: added to the mean of squares before the inverse square root.
+
+    Returns:
+        A new contiguous tensor of input's shape and dtype. Sums run in float32 (float64 for float64
+        input); ``x * rstd`` is formed in that precision, then multiplied by ``weight`` and rounded once,
+        as ``F.rms_norm`` does.
+
+    Differentiable in ``input`` and ``weight`` (backward mode; dweight is deterministic). Works under
+    ``torch.compile``, ``torch.export``, TorchScript (as ``torch.ops.myns.rms_norm``) and AOTInductor.
+    """
+    return _rms_norm_c(input, weight, eps)
+
+
+@torch.compiler.substitute_in_graph(rms_norm)
+def _rms_norm_traced(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    return _rms_norm(input, weight, eps)
 
 
 def _check_csr_invariants(op: str, crow: Tensor, col: Tensor, K: int) -> None:

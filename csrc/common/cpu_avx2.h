@@ -71,6 +71,14 @@ TORCHOPS_TARGET_AVX2 inline void store8_from_float(T* p, __m256 v) {
   }
 }
 
+// Sum of the 8 lanes (pairwise: lanes i and i+4, then i and i+2, then the last two).
+TORCHOPS_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // Strided: the 8 values p[0], p[s], ..., p[7s] assembled in a register (a round trip through a small
 // buffer would stall on store-to-load forwarding), and the reverse.
 template <typename T>

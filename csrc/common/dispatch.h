@@ -4,6 +4,8 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 
+#include <type_traits>
+
 #define TORCHOPS_FLOAT_DTYPES at::kHalf, at::kBFloat16, at::kFloat, at::kDouble
 #define TORCHOPS_FLOAT_AND_INT_DTYPES TORCHOPS_FLOAT_DTYPES, at::kInt, at::kLong
 
@@ -26,6 +28,9 @@
                      AT_DISPATCH_CASE(at::kLong, __VA_ARGS__))
 
 namespace torchops {
+template <typename T>
+constexpr bool is_16bit_float = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
+
 // Arithmetic type for a storage type: f32 for f16/bf16, the type itself otherwise.
 template <typename T>
 using opmath_t = at::opmath_type<T>;

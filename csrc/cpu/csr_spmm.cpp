@@ -29,9 +29,6 @@ namespace {
 
 constexpr int64_t kCostPerChunk = 1 << 16;  // multiply-adds per parallel task
 
-template <typename T>
-constexpr bool is_16bit_float = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
-
 // Calls f(row_begin, row_end) in parallel over chunks of rows of about equal cost, cost(row) = (nnz of the
 // row + 1) * n_cols. Chunk boundaries come from a binary search on crow[i] + i, which is increasing.
 template <typename Index, typename F>

@@ -22,9 +22,6 @@ inline T add_scalar(T x, T y) {
   return static_cast<T>(static_cast<opmath_t<T>>(x) + static_cast<opmath_t<T>>(y));
 }
 
-template <typename T>
-constexpr bool is_16bit_float = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
-
 #ifdef TORCHOPS_HAS_AVX2_PATH
 // out[j*so] = a[j*sa] + b[j*sb] compiled for AVX2. f16/bf16 go through hardware conversions 8 lanes at
 // a time (strided elements gathered into a register first); other dense types are a plain loop the

@@ -1,0 +1,79 @@
+#include "norm.h"
+
+namespace torchops {
+
+void check_norm_input(const char* op, NamedTensor input, const std::optional<at::Tensor>& weight) {
+  // Sizes are read as SymInts: the Autograd kernel runs this on fake tensors with symbolic shapes too
+  // (TORCH_SYM_CHECK turns a symbolic condition into a runtime assertion of the traced graph).
+  check_defined(op, input);
+  TORCHOPS_CHECK(input.tensor.dim() >= 1, op, input.name, " must have at least 1 dimension, got a 0-dim tensor");
+  check_dtype_in(op, input, {TORCHOPS_FLOAT_DTYPES});
+  const c10::SymInt& n = input.tensor.sym_size(-1);
+  TORCH_SYM_CHECK(n.sym_ge(1), "myns::", op, ": ", input.name,
+                  "'s last dimension (the normalised one) must be at least 1, got shape ", input.tensor.sym_sizes());
+  if (!weight.has_value() || !weight->defined()) return;
+  const at::Tensor& w = *weight;
+  const NamedTensor named_weight{"weight", w};
+  check_same_device(op, input, named_weight);
+  TORCHOPS_CHECK(w.dim() == 1, op, "weight must be 1-D of size ", n, " (", input.name,
+                 "'s last dimension), got shape ", w.sym_sizes());
+  TORCH_SYM_CHECK(w.sym_size(0).sym_eq(n), "myns::", op, ": weight must be 1-D of size ", n, " (", input.name,
+                  "'s last dimension), got shape ", w.sym_sizes());
+  const auto dtype = input.tensor.scalar_type();
+  const bool reduced = dtype == at::kHalf || dtype == at::kBFloat16;
+  TORCHOPS_CHECK(w.scalar_type() == dtype || (reduced && w.scalar_type() == at::kFloat), op,
+                 "weight must have ", input.name, "'s dtype (", dtype, ")", reduced ? " or Float" : "", ", got ",
+                 w.scalar_type());
+}
+
+void check_norm_backward(const char* op, NamedTensor grad_out, NamedTensor input,
+                         const std::optional<at::Tensor>& weight, NamedTensor stat, bool weight_grad) {
+  check_norm_input(op, input, weight);
+  check_defined(op, grad_out);
+  check_defined(op, stat);
+  check_same_device(op, input, grad_out);
+  check_same_dtype(op, input, grad_out);
+  check_same_shape(op, input, grad_out);
+  check_same_device(op, input, stat);
+  const auto leading = input.tensor.sizes().slice(0, input.tensor.dim() - 1);
+  const auto stat_dtype = norm_stat_dtype(input.tensor.scalar_type());
+  TORCHOPS_CHECK(stat.tensor.sizes().equals(leading) && stat.tensor.scalar_type() == stat_dtype, op, stat.name,
+                 " must have shape ", leading, " (", input.name, "'s leading dimensions) and dtype ", stat_dtype,
+                 ", got shape ", stat.tensor.sizes(), " and dtype ", stat.tensor.scalar_type());
+  TORCHOPS_CHECK(!weight_grad || (weight.has_value() && weight->defined()), op,
+                 "weight_grad is true but weight is None");
+}
+
+NormRows norm_rows(const at::Tensor& t) {
+  NormRows view;
+  view.cols = t.size(-1);
+  view.rows = view.cols == 0 ? 0 : t.numel() / view.cols;
+  view.row_stride = view.cols;
+  bool rows_with_stride = view.cols == 1 || t.stride(-1) == 1;
+  // The leading dimensions must collapse to one: each (non-size-1) dimension's stride equals the next inner
+  // one's stride times its size. The innermost one sets the row stride.
+  int64_t expected = -1;
+  for (int64_t d = t.dim() - 2; d >= 0 && rows_with_stride; --d) {
+    if (t.size(d) == 1) continue;
+    if (expected < 0) {
+      view.row_stride = t.stride(d);
+    } else if (t.stride(d) != expected) {
+      rows_with_stride = false;
+    }
+    expected = t.stride(d) * t.size(d);
+  }
+  if (rows_with_stride) {
+    view.tensor = t;
+  } else {
+    view.tensor = t.contiguous();
+    view.row_stride = view.cols;
+  }
+  return view;
+}
+
+at::Tensor dense_weight(const std::optional<at::Tensor>& weight) {
+  if (!weight.has_value() || !weight->defined()) return at::Tensor();
+  return weight->is_contiguous() ? *weight : weight->contiguous();
+}
+
+}  // namespace torchops

@@ -1,0 +1,340 @@
+"""rms_norm specifics the generic tables don't express: agreement with F.rms_norm (outputs and grads),
+torchops.nn.RMSNorm as a drop-in for torch.nn.RMSNorm, deterministic dweight, the autograd contract
+(double backward and forward AD refused by name), the exported graph, and CUDA paths (row per warp / per
+block, vector and element-wise access, long rows, misaligned rows, streams, graphs)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+
+import torchops
+from helpers import DEVICES, HAS_CUDA, assert_close_to_reference, poison_cuda_cache, random_tensor, requires_cuda
+from op_db import OPS_BY_NAME, rms_norm_reference
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+# (rtol, atol) against F.rms_norm / torch's autograd, which round differently in places (sum order).
+VS_TORCH = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2), torch.float32: (1e-5, 1e-5),
+            torch.float64: (1e-10, 1e-10)}
+
+
+def _weights(n: int, dtype: torch.dtype, device: str):
+    yield None
+    yield random_tensor((n,), dtype, device)
+    if dtype in HALF_DTYPES:
+        yield random_tensor((n,), torch.float32, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_matches_f_rms_norm(device: str, dtype: torch.dtype) -> None:
+    rtol, atol = VS_TORCH[dtype]
+    for shape in [(7, 1), (5, 3, 33), (64, 1024), (4, 4099), (2, 16384)]:
+        n = shape[-1]
+        x = random_tensor(shape, dtype, device)
+        for w in _weights(n, dtype, device):
+            for eps in (1e-6, 1e-2):
+                got = torchops.rms_norm(x, w, eps)
+                with torch.no_grad(), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # mixed dtypes: F.rms_norm's unfused path
+                    want = F.rms_norm(x, (n,), w, eps)
+                assert got.dtype == dtype == want.dtype
+                torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{shape} {eps}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_rounding_order(device: str, dtype: torch.dtype) -> None:
+    # (x * rstd) * weight in f32, rounded once; not (x * rstd) rounded to 16 bits and then scaled.
+    x = random_tensor((32, 256), dtype, device)
+    w = random_tensor((256,), torch.float32, device)
+    xf = x.double()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    once = (xf * rstd * w.double()).to(dtype)
+    got = torchops.rms_norm(x, w)
+    mismatches_once = (got != once).float().mean().item()
+    twice = ((xf * rstd).to(dtype).double() * w.double()).to(dtype)
+    mismatches_twice = (got != twice).float().mean().item()
+    assert mismatches_once < 0.01 and mismatches_twice > 0.05, (mismatches_once, mismatches_twice)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,weight_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                (torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                                (torch.float64, torch.float64)])
+def test_grads_match_torch_autograd(device: str, dtype: torch.dtype, weight_dtype: torch.dtype) -> None:
+    rtol, atol = VS_TORCH[dtype]
+    for shape in [(3, 1), (6, 40), (2, 3, 1000), (3, 5000)]:
+        n = shape[-1]
+        x = random_tensor(shape, dtype, device)
+        w = random_tensor((n,), weight_dtype, device)
+        dy = random_tensor(shape, dtype, device)
+        xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+        ws = [w.clone().requires_grad_(), w.clone().requires_grad_()]
+        torchops.rms_norm(xs[0], ws[0], 1e-5).backward(dy)
+        # The float64 math as the reference (torch's own backward rounds 16-bit grads in its own order).
+        xd, wd = xs[1].double().detach().requires_grad_(), ws[1].double().detach().requires_grad_()
+        rms_norm_reference(xd, wd, 1e-5).backward(dy.double())
+        assert xs[0].grad.dtype == dtype and ws[0].grad.dtype == weight_dtype
+        assert_close_to_reference(xs[0].grad.cpu(), xd.grad.cpu())
+        torch.testing.assert_close(ws[0].grad.double().cpu(), wd.grad.cpu(), rtol=max(rtol, 1e-5) * 4,
+                                   atol=max(atol, 1e-5) * shape[0] * 4, msg=lambda m: f"{shape}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grad_of_input_only_and_weight_only(device: str) -> None:
+    x, w = random_tensor((8, 24), torch.float32, device), random_tensor((24,), torch.float32, device)
+    dy = random_tensor((8, 24), torch.float32, device)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    F.rms_norm(xr, (24,), wr, 1e-6).backward(dy)
+    xi = x.clone().requires_grad_()
+    torchops.rms_norm(xi, w).backward(dy)
+    torch.testing.assert_close(xi.grad, xr.grad)
+    wi = w.clone().requires_grad_()
+    torchops.rms_norm(x, wi).backward(dy)
+    torch.testing.assert_close(wi.grad, wr.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1000, 64), (64, 3000), (257, 1031)])
+def test_dweight_is_deterministic(device: str, dtype: torch.dtype, shape) -> None:
+    x, dy = random_tensor(shape, dtype, device), random_tensor(shape, dtype, device)
+    w = random_tensor((shape[-1],), dtype, device)
+    rstd = torch.ops.myns._rms_norm_forward(x, w, 1e-6)[1]
+    runs = [torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, True) for _ in range(3)]
+    for dx, dw in runs[1:]:
+        assert torch.equal(dx, runs[0][0]) and torch.equal(dw, runs[0][1])
+    if device == "cpu":  # the row split is fixed, not the thread count's
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            single = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, True)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(single[1], runs[0][1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_and_forward_ad_are_refused(device: str) -> None:
+    x = random_tensor((4, 8), torch.float64, device).requires_grad_()
+    w = random_tensor((8,), torch.float64, device).requires_grad_()
+    # create_graph=True records the backward op (its result matches create_graph=False); differentiating it
+    # is what's refused.
+    (gx,) = torch.autograd.grad(torchops.rms_norm(x, w).pow(2).sum(), x, create_graph=True)
+    assert gx.requires_grad
+    torch.testing.assert_close(gx, torch.autograd.grad(torchops.rms_norm(x, w).pow(2).sum(), x)[0])
+    with pytest.raises(RuntimeError, match=r"myns::_rms_norm_backward: double backward .* is not supported"):
+        gx.sum().backward()
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match=r"myns::rms_norm: forward-mode AD .* is not supported"):
+        torchops.rms_norm(fwAD.make_dual(x.detach(), torch.randn_like(x)), w.detach())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_grad_and_inference_mode_use_the_plain_kernel(device: str) -> None:
+    x = random_tensor((5, 16), torch.float32, device).requires_grad_()
+    w = random_tensor((16,), torch.float32, device).requires_grad_()
+    with torch.no_grad():
+        a = torchops.rms_norm(x, w)
+    with torch.inference_mode():
+        b = torchops.rms_norm(x, w)
+    assert not a.requires_grad and not b.requires_grad
+    torch.testing.assert_close(a, b)
+    c = torchops.rms_norm(x, w)
+    assert c.requires_grad and "RMSNormFunction" in c.grad_fn.name()
+    torch.testing.assert_close(c.detach(), a)
+
+
+# ------------------------------------------------------------------------------------- nn.RMSNorm
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_nn_rmsnorm_is_a_drop_in(device: str, dtype: torch.dtype, affine: bool) -> None:
+    theirs = torch.nn.RMSNorm(48, eps=1e-6, elementwise_affine=affine, device=device, dtype=dtype)
+    ours = torchops.nn.RMSNorm(48, eps=1e-6, elementwise_affine=affine, device=device, dtype=dtype)
+    assert repr(ours).removeprefix("RMSNorm") == repr(theirs).removeprefix("RMSNorm")
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    if affine:
+        assert torch.equal(ours.weight, torch.ones(48, device=device, dtype=dtype))
+        with torch.no_grad():
+            theirs.weight.copy_(random_tensor((48,), dtype, device))
+        ours.load_state_dict(theirs.state_dict())  # and back: the keys and shapes agree both ways
+        theirs.load_state_dict(ours.state_dict())
+    x = random_tensor((3, 7, 48), dtype, device)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = ours(xa), theirs(xb)
+    rtol, atol = VS_TORCH[dtype]
+    torch.testing.assert_close(ya, yb, rtol=rtol, atol=atol)
+    dy = random_tensor(x.shape, dtype, device)
+    ya.backward(dy)
+    yb.backward(dy)
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=rtol * 2, atol=atol * 2)
+    if affine:
+        torch.testing.assert_close(ours.weight.grad.float(), theirs.weight.grad.float(), rtol=rtol * 4, atol=atol * 40)
+
+
+def test_nn_rmsnorm_arguments() -> None:
+    assert torchops.nn.RMSNorm([16]).normalized_shape == (16,)
+    assert torchops.nn.RMSNorm(torch.Size([16])).normalized_shape == (16,)
+    m = torchops.nn.RMSNorm(16, eps=None)
+    x = random_tensor((2, 16), torch.float32, "cpu")
+    torch.testing.assert_close(m(x), torch.nn.RMSNorm(16)(x))  # eps None: the dtype's machine epsilon
+    m.weight.data.mul_(3)
+    m.reset_parameters()
+    assert torch.equal(m.weight, torch.ones(16))
+    with pytest.raises(ValueError, match="last dimension only"):
+        torchops.nn.RMSNorm((4, 16))
+    with pytest.raises(ValueError, match="at least 1"):
+        torchops.nn.RMSNorm(0)
+    with pytest.raises(RuntimeError, match=r"myns::rms_norm: weight must be 1-D of size 15"):
+        m(random_tensor((2, 15), torch.float32, "cpu"))
+    bf16_input_f32_weight = torchops.nn.RMSNorm(16)(random_tensor((2, 16), torch.bfloat16, "cpu"))
+    assert bf16_input_f32_weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nn_rmsnorm_compiled_training_matches_eager(device: str) -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torchops.nn.RMSNorm(64), torch.nn.Linear(64, 8)).to(device)
+    twin = torch.nn.Sequential(torch.nn.Linear(32, 64), torchops.nn.RMSNorm(64), torch.nn.Linear(64, 8)).to(device)
+    twin.load_state_dict(model.state_dict())
+    compiled = torch.compile(twin, fullgraph=True, dynamic=True)
+    for batch in (8, 13):
+        x = random_tensor((batch, 32), torch.float32, device)
+        model(x).square().mean().backward()
+        compiled(x).square().mean().backward()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
+def _called_ops(graph_module: torch.fx.GraphModule) -> str:
+    return "\n".join(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
+
+
+class ExportedGraph(TestCase):
+    def test_exported_graph_holds_the_myns_op(self) -> None:
+        ep = torch.export.export(torchops.nn.RMSNorm(8), (torch.randn(4, 8),))
+        self.assertExpectedInline(_called_ops(ep.graph_module), """myns.rms_norm.default""")
+        self.assertExpectedInline(_called_ops(ep.run_decompositions().graph_module), """myns.rms_norm.default""")
+
+
+# ------------------------------------------------------------------------------------------- CUDA
+
+# Around every warp/block switch and vector width: 16-bit (8 per vector, warp up to 2048), f32 (4, 1024),
+# f64 (2, 512); beyond a block's register cache (1024 threads x 4 vectors) and beyond shared memory
+# for the backward's dweight accumulator (f32 N = 70000 -> the column kernel).
+_CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1024, 1025, 1032, 2048, 2056, 4096, 8192 + 3, 16384,
+            40000]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("weight_kind", ["same", "f32", None])
+def test_cuda_every_path_forward_and_backward(dtype: torch.dtype, weight_kind) -> None:
+    if weight_kind == "f32" and dtype not in HALF_DTYPES:
+        pytest.skip("float32 weight is for 16-bit inputs")
+    for n in _CUDA_NS:
+        rows = 3 if n > 4096 else 37
+        for layout in ("dense", "offset", "row_stride"):
+            if layout == "dense":
+                x = random_tensor((rows, n), dtype, "cuda")
+            elif layout == "offset":  # every row misaligned for 16-byte vectors
+                x = random_tensor((rows * n + 1,), dtype, "cuda")[1:].view(rows, n)
+            else:  # rows of a wider tensor, row stride not a multiple of the vector width
+                x = random_tensor((rows, n + 3), dtype, "cuda")[:, :n]
+            wdtype = torch.float32 if weight_kind == "f32" else dtype
+            w = None if weight_kind is None else random_tensor((n,), wdtype, "cuda")
+            dy = random_tensor((rows, n), dtype, "cuda")
+            poison_cuda_cache()
+            out, rstd = torch.ops.myns._rms_norm_forward(x, w, 1e-6)
+            xd, wd = x.double().cpu(), None if w is None else w.double().cpu()
+            assert_close_to_reference(out.cpu(), rms_norm_reference(xd, wd, 1e-6))
+            torch.testing.assert_close(torchops.rms_norm(x, w), out, rtol=0, atol=0)  # same kernel without rstd
+            want_rstd = torch.rsqrt(xd.pow(2).mean(-1) + 1e-6)
+            torch.testing.assert_close(rstd.cpu().double(), want_rstd, rtol=1e-5 if dtype != torch.float64 else 1e-10, atol=0)
+            poison_cuda_cache()
+            dx, dw = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, w is not None)
+            ref_dx, ref_dw = OPS_BY_NAME["_rms_norm_backward"].reference(
+                dy.double().cpu(), xd, wd, rstd.double().cpu(), True, w is not None)
+            assert_close_to_reference(dx.cpu(), ref_dx, msg=lambda m: f"dx n={n} {layout}: {m}")
+            if w is not None:
+                rtol = {torch.float64: 1e-9, torch.float32: 1e-4}.get(dw.dtype, 2e-2)
+                torch.testing.assert_close(dw.cpu().double(), ref_dw, rtol=rtol, atol=rtol * rows,
+                                           msg=lambda m: f"dw n={n} {layout}: {m}")
+
+
+@requires_cuda
+def test_cuda_dweight_column_fallback_and_weight_only() -> None:
+    # f32 N = 70000: the block's shared-memory dweight row (280 KB) doesn't fit, the column kernel runs.
+    for n, rows in ((70000, 5), (1000, 3000)):
+        x, dy = random_tensor((rows, n), torch.float32, "cuda"), random_tensor((rows, n), torch.float32, "cuda")
+        w = random_tensor((n,), torch.float32, "cuda")
+        rstd = torch.ops.myns._rms_norm_forward(x, w, 1e-6)[1]
+        both = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, True)
+        only_w = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, False, True)
+        only_x = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, False)
+        assert only_w[0].shape == (0,) and only_x[1].shape == (0,)
+        assert torch.equal(only_w[1], both[1]) and torch.equal(only_x[0], both[0])
+        ref = (dy.double() * x.double() * rstd.double().unsqueeze(-1)).sum(0)
+        torch.testing.assert_close(both[1].double(), ref, rtol=1e-4, atol=1e-3)
+        again = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, True)
+        assert torch.equal(again[1], both[1])
+
+
+@requires_cuda
+def test_cuda_many_rows_and_empty() -> None:
+    x = random_tensor((70000, 8), torch.bfloat16, "cuda")  # more row-warps than one pass of the grid
+    w = random_tensor((8,), torch.bfloat16, "cuda")
+    assert_close_to_reference(torchops.rms_norm(x, w).cpu(), rms_norm_reference(x.double().cpu(), w.double().cpu()))
+    e = torch.empty(0, 3, 64, device="cuda", requires_grad=True)
+    we = torch.ones(64, device="cuda", requires_grad=True)
+    y = torchops.rms_norm(e, we)
+    y.sum().backward()
+    assert y.shape == e.shape and e.grad.shape == e.shape and torch.equal(we.grad, torch.zeros(64, device="cuda"))
+
+
+@requires_cuda
+def test_cuda_runs_on_the_current_stream_and_in_graphs() -> None:
+    side = torch.cuda.Stream()
+    x = torch.zeros(4096, 1024, device="cuda")
+    src = random_tensor((4096, 1024), torch.float32, "cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        x.copy_(src)
+        out = torchops.rms_norm(x)
+    side.synchronize()
+    torch.testing.assert_close(out, F.rms_norm(src, (1024,)))
+
+    a = random_tensor((64, 2048), torch.bfloat16, "cuda")
+    w = random_tensor((2048,), torch.float32, "cuda")
+    torchops.rms_norm(a, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g = torchops.rms_norm(a, w)
+    for _ in range(2):
+        a.copy_(random_tensor((64, 2048), torch.bfloat16, "cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(g, F.rms_norm(a, (2048,), w), rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cuda_second_gpu() -> None:
+    torch.cuda.set_device(0)
+    x = random_tensor((33, 4100), torch.float32, "cuda:1").requires_grad_()
+    w = random_tensor((4100,), torch.float32, "cuda:1").requires_grad_()
+    y = torchops.rms_norm(x, w)
+    assert y.device == torch.device("cuda:1")
+    y.sum().backward()
+    torch.testing.assert_close(y.detach(), F.rms_norm(x.detach(), (4100,), w.detach()), rtol=1e-5, atol=1e-5)
