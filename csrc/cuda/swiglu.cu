@@ -21,7 +21,8 @@ void swiglu_cuda_into(const at::Tensor& gate, const at::Tensor& up, const at::Te
   const c10::cuda::CUDAGuard device_guard(out.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TORCHOPS_DISPATCH_FLOAT_TYPES(out.scalar_type(), "swiglu_cuda", [&] {
-    cuda::elementwise_kernel<scalar_t, SwigluForward>("swiglu", {out}, {gate, up}, SwigluForward{}, stream);
+    using Op = SwigluForwardT<is_16bit_float<scalar_t>>;  // fast exp where the rounding hides it
+    cuda::elementwise_kernel<scalar_t, Op>("swiglu", {out}, {gate, up}, Op{}, stream);
   });
 }
 
@@ -38,8 +39,8 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_cuda(const at::Tensor& grad_o
         const c10::cuda::CUDAGuard device_guard(gate.device());
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
         TORCHOPS_DISPATCH_FLOAT_TYPES(gate.scalar_type(), "swiglu_backward_cuda", [&] {
-          cuda::elementwise_kernel<scalar_t, SwigluBackward>("swiglu_backward", outs, {grad_out, gate, up},
-                                                             SwigluBackward{}, stream);
+          using Op = SwigluBackwardT<is_16bit_float<scalar_t>>;
+          cuda::elementwise_kernel<scalar_t, Op>("swiglu_backward", outs, {grad_out, gate, up}, Op{}, stream);
         });
       });
   return {std::move(grads[0]), std::move(grads[1])};
