@@ -5,6 +5,8 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 MAX_JOBS    ?= $(shell nproc)
 PYTEST_ARGS ?=
+# pytest-xdist workers (auto: one per core); 0 runs the tests in the pytest process itself.
+TEST_WORKERS ?= auto
 BENCH_ARGS  ?=
 
 # torch guesses /usr/local when CUDA_HOME is unset, and the link then fails on -lcudart.
@@ -33,7 +35,7 @@ $(EXTENSION): $(VENV)/.requirements-installed setup.py pyproject.toml $(shell fi
 build: venv $(EXTENSION)
 
 test: build
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 demo: build
 	$(PY) -m torchops.demo
