@@ -106,6 +106,13 @@ def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> list[H
                     impls[COMPILED] = torch.compile(reference_math, dynamic=False)
                 common = dict(op=OP, dtype=dtype, shape=shape, numel=n, device=args.device, copy_bps=copy_bps)
 
+                def emit(case: str, times: dict[str, float], tensors_moved: int) -> None:
+                    for name, ms in times.items():
+                        out.append(H.bandwidth_result(case=case, impl=name, ms=ms, nbytes=tensors_moved * n * gate.element_size(),
+                                                      baseline=EAGER, baseline_ms=times[EAGER], **common))
+                        if name == IMPL and COMPILED in times:
+                            out[-1].extra["vs_compiled"] = H.speedup(times[COMPILED], ms)
+
                 # Forward: 2 reads + 1 write.
                 want = reference_math(gate, up)
                 fwd_ms = {}
@@ -113,11 +120,7 @@ def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> list[H
                     _check(fn(gate, up), want, dtype, f"{name} forward {shape}")
                     fwd_ms[name] = H.time_ms(lambda fn=fn: fn(gate, up), args.device, quick=args.quick)
                 del want
-                for name, ms in fwd_ms.items():
-                    out.append(H.bandwidth_result(case=f"fwd {layout}", impl=name, ms=ms, nbytes=3 * n * gate.element_size(),
-                                                  baseline=EAGER, baseline_ms=fwd_ms[EAGER], **common))
-                    if name == IMPL and COMPILED in fwd_ms:
-                        out[-1].extra["vs_compiled"] = H.speedup(fwd_ms[COMPILED], ms)
+                emit(f"fwd {layout}", fwd_ms, 3)
 
                 # Backward through autograd: 3 reads + 2 writes.
                 bwd_ms = {}
@@ -134,11 +137,7 @@ def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> list[H
                     del run
                     H.free_memory(args.device)
                 del want_grads
-                for name, ms in bwd_ms.items():
-                    out.append(H.bandwidth_result(case=f"bwd {layout}", impl=name, ms=ms, nbytes=5 * n * gate.element_size(),
-                                                  baseline=EAGER, baseline_ms=bwd_ms[EAGER], **common))
-                    if name == IMPL and COMPILED in bwd_ms:
-                        out[-1].extra["vs_compiled"] = H.speedup(bwd_ms[COMPILED], ms)
+                emit(f"bwd {layout}", bwd_ms, 5)
 
                 if args.device == "cuda" and layout == "chunk":
                     x = gate._base if gate._base is not None else torch.cat([gate, up], dim=-1)

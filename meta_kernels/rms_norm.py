@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, _dtype_name, check
+from meta_kernels._checks import FLOAT_DTYPES, _dtype_name, check, check_elementwise
 
 _REDUCED = (torch.float16, torch.bfloat16)
 
@@ -73,21 +73,7 @@ def _rms_norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     op = "_rms_norm_backward"
     check_norm_input(op, input, weight)
-    check(
-        input.device == grad_out.device,
-        op,
-        f"input and grad_out must be on the same device, got {input.device} and {grad_out.device}",
-    )
-    check(
-        input.dtype == grad_out.dtype,
-        op,
-        f"input and grad_out must have the same dtype, got {_dtype_name(input.dtype)} and {_dtype_name(grad_out.dtype)}",
-    )
-    check(
-        input.dim() == grad_out.dim() and all(a == b for a, b in zip(input.shape, grad_out.shape)),
-        op,
-        f"input and grad_out must have the same shape, got {list(input.shape)} and {list(grad_out.shape)}",
-    )
+    check_elementwise(op, [("input", input), ("grad_out", grad_out)], FLOAT_DTYPES)
     check(input.device == rstd.device, op, f"input and rstd must be on the same device, got {input.device} and {rstd.device}")
     leading = list(input.shape[:-1])
     want = stat_dtype(input.dtype)

@@ -154,17 +154,22 @@ def _train(model: Callable[[Tensor], Tensor], params: list[nn.Parameter], device
     return losses
 
 
+def _compiled_trains_like(reference: nn.Module, twin: nn.Module, device: torch.device) -> None:
+    """Compiles `twin` (fullgraph, dynamic), checks its outputs against the eager `reference`, then trains
+    both SGD_STEPS steps on the same data: losses and final weights must match."""
+    compiled = torch.compile(twin, fullgraph=True, dynamic=True)
+    _check_model(compiled, reference, device)
+    reference_losses = _train(reference, list(reference.parameters()), device)
+    compiled_losses = _train(compiled, list(twin.parameters()), device)
+    torch.testing.assert_close(compiled_losses, reference_losses, **MODEL_TOL)
+    for p_compiled, p_ref in zip(twin.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p_compiled, p_ref, **MODEL_TOL)
+
+
 def model_compile(device: torch.device) -> str:
     torch._dynamo.reset()  # fresh caches, so the time shown includes compilation on this device
     eager = _make_model(device)
-    twin = copy.deepcopy(eager)
-    compiled = torch.compile(twin, fullgraph=True, dynamic=True)
-    _check_model(compiled, eager, device)
-    eager_losses = _train(eager, list(eager.parameters()), device)
-    compiled_losses = _train(compiled, list(twin.parameters()), device)
-    torch.testing.assert_close(compiled_losses, eager_losses, **MODEL_TOL)
-    for p_compiled, p_eager in zip(twin.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(p_compiled, p_eager, **MODEL_TOL)
+    _compiled_trains_like(eager, copy.deepcopy(eager), device)
     return f"fullgraph+dynamic, batches {BATCHES}; {SGD_STEPS} SGD steps, losses match eager"
 
 
@@ -262,14 +267,7 @@ def swiglu_mlp_compile(device: torch.device) -> str:
     reference = SwigluMLP(reference=True).to(device)
     model = copy.deepcopy(reference)
     model.reference = False
-    compiled = torch.compile(model, fullgraph=True, dynamic=True)
-    for x in _inputs(device):
-        torch.testing.assert_close(compiled(x), reference(x), **MODEL_TOL)
-    reference_losses = _train(reference, list(reference.parameters()), device)
-    compiled_losses = _train(compiled, list(model.parameters()), device)
-    torch.testing.assert_close(compiled_losses, reference_losses, **MODEL_TOL)
-    for p_compiled, p_ref in zip(model.parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(p_compiled, p_ref, **MODEL_TOL)
+    _compiled_trains_like(reference, model, device)
     return f"down(swiglu(gate(x), up(x))) compiled, {SGD_STEPS} SGD steps == eager F.silu*mul (losses, weights)"
 
 
@@ -391,14 +389,7 @@ def norm_mlp_compile(device: torch.device) -> str:
     eager = NormMLPBlock().to(device)
     with torch.no_grad():
         eager.norm.weight.uniform_(0.5, 1.5)  # not the all-ones init, so a wrong weight path shows
-    twin = copy.deepcopy(eager)
-    compiled = torch.compile(twin, fullgraph=True, dynamic=True)
-    _check_model(compiled, eager, device)
-    eager_losses = _train(eager, list(eager.parameters()), device)
-    compiled_losses = _train(compiled, list(twin.parameters()), device)
-    torch.testing.assert_close(compiled_losses, eager_losses, **MODEL_TOL)
-    for p_compiled, p_eager in zip(twin.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(p_compiled, p_eager, **MODEL_TOL)
+    _compiled_trains_like(eager, copy.deepcopy(eager), device)
     return f"RMSNorm + swiglu MLP + vector_add residual; fullgraph+dynamic; {SGD_STEPS} SGD steps match eager"
 
 
