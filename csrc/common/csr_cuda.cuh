@@ -13,16 +13,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include <c10/cuda/CUDAException.h>
 
+#include "cuda_utils.cuh"
+
 namespace torchops {
 namespace cuda {
-
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullWarpMask = 0xffffffffu;
 
 struct MergeCoord {
   int64_t row;  // rows [0, row) have ended
@@ -70,24 +68,13 @@ struct MergePartition {
   int64_t units;
 };
 
-inline int multiprocessor_count(int device) {
-  static std::atomic<int> cache[64] = {};
-  if (device < 0 || device >= 64) device = 0;
-  int n = cache[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    cache[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_tiles, int device) {
   constexpr int64_t kWarpsPerSm = 64;  // the H200's maximum resident warps per SM
   constexpr int64_t kWavesPerLaunch = 4;
   constexpr int64_t kMinItems = 32, kMaxItems = 8192;
   const int64_t items = M + nnz;
   const int64_t target_units = std::max<int64_t>(
-      1, multiprocessor_count(device) * kWarpsPerSm * kWavesPerLaunch / std::max<int64_t>(column_tiles, 1));
+      1, device_attribute(cudaDevAttrMultiProcessorCount, device) * kWarpsPerSm * kWavesPerLaunch / std::max<int64_t>(column_tiles, 1));
   const int64_t per_unit = std::clamp<int64_t>((items + target_units - 1) / target_units, kMinItems, kMaxItems);
   return {per_unit, std::max<int64_t>(1, (items + per_unit - 1) / per_unit)};
 }

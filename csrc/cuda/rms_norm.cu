@@ -30,7 +30,6 @@ namespace {
 
 using namespace torchops::cuda;
 
-constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = 4;  // warp-per-row kernels: 4 rows at a time per 128-thread block
 constexpr int kWarpMaxUnits = 8;   // 16-byte units per lane at most in warp-per-row mode
 constexpr int kBlockUnits = 4;     // 16-byte units per thread cached in block-per-row mode
@@ -54,7 +53,7 @@ __device__ __forceinline__ double inverse_rms(double sum_squares, int64_t n, dou
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {
 #pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullWarpMask, v, offset);
   return v;  // a butterfly: every lane ends with the same bits
 }
 
@@ -305,12 +304,6 @@ __global__ void __launch_bounds__(kWarpSize * kReduceRows)
 }
 
 // ------------------------------------------------------------------------------------------ launches
-
-int device_attribute(cudaDeviceAttr attr, int device) {
-  int value = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-  return value;
-}
 
 // Chunks of kC elements a thread keeps in registers per 16-byte unit of its share: one vector, or half a
 // vector's worth of single elements (element-wise, each value takes a whole register; ptxas spilled
