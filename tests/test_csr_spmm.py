@@ -215,7 +215,7 @@ def test_cuda_malformed_indices_do_not_crash(index_dtype, crow, col, k) -> None:
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-@pytest.mark.parametrize("n", [32, 64, 128, 256, 512, 33, 1100])
+@pytest.mark.parametrize("n", [4, 16, 32, 48, 64, 128, 256, 512, 33, 1100])  # every lane-group width
 def test_cuda_power_law_rows(dtype: torch.dtype, n: int) -> None:
     # A few rows of 20000 nonzeros among thousands of short ones: many work units share a row.
     crow, col = power_law_csr(3000, 2500, 30000, device="cuda", long_len=20000, seed=6)
@@ -233,14 +233,15 @@ def test_cuda_power_law_rows(dtype: torch.dtype, n: int) -> None:
 def test_cuda_forward_and_backward_are_deterministic() -> None:
     crow, col = power_law_csr(5000, 4000, 100000, device="cuda", long_len=30000, seed=7)
     values = torch.randn(col.numel(), device="cuda", requires_grad=True)
-    dense = torch.randn(4000, 128, device="cuda", requires_grad=True)
-    runs = []
-    for _ in range(2):
-        out = torchops.csr_spmm(crow, col, values, dense)
-        gv, gd = torch.autograd.grad(out, (values, dense), torch.ones_like(out))
-        runs.append((out, gv, gd))
-    for a, b in zip(*runs):
-        assert torch.equal(a, b)
+    for n in (32, 128):  # lanes split into groups of 8, and whole warps
+        dense = torch.randn(4000, n, device="cuda", requires_grad=True)
+        runs = []
+        for _ in range(2):
+            out = torchops.csr_spmm(crow, col, values, dense)
+            gv, gd = torch.autograd.grad(out, (values, dense), torch.ones_like(out))
+            runs.append((out, gv, gd))
+        for a, b in zip(*runs):
+            assert torch.equal(a, b)
 
 
 @requires_cuda

@@ -71,7 +71,7 @@ struct MergePartition {
 inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_tiles, int device) {
   constexpr int64_t kWarpsPerSm = 64;  // the H200's maximum resident warps per SM
   constexpr int64_t kWavesPerLaunch = 4;
-  constexpr int64_t kMinItems = 32, kMaxItems = 8192;
+  constexpr int64_t kMinItems = 64, kMaxItems = 8192;
   const int64_t items = M + nnz;
   const int64_t target_units = std::max<int64_t>(
       1, device_attribute(cudaDevAttrMultiProcessorCount, device) * kWarpsPerSm * kWavesPerLaunch / std::max<int64_t>(column_tiles, 1));
@@ -79,15 +79,22 @@ inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_til
   return {per_unit, std::max<int64_t>(1, (items + per_unit - 1) / per_unit)};
 }
 
-// Elements per lane per access: 1, 2, 4, ... up to 16 bytes, the smallest that lets 32 lanes span N
-// (N <= 32: one element per lane), halved until the matrix's rows and base pointer allow it.
+// The widest vector (elements, up to 16 bytes) that every row of a matrix with N columns, row stride ld and
+// base pointer `base` can be read with.
 template <typename T>
-inline int lane_vector_size(int64_t N, int64_t ld, const void* base) {
-  constexpr int kMax = 16 / static_cast<int>(sizeof(T));
-  int v = 1;
-  while (v < kMax && int64_t{kWarpSize} * v < N) v *= 2;
+inline int widest_vector_size(int64_t N, int64_t ld, const void* base) {
+  int v = 16 / static_cast<int>(sizeof(T));
   while (v > 1 && (N % v != 0 || ld % v != 0 || reinterpret_cast<uintptr_t>(base) % (v * sizeof(T)) != 0)) v /= 2;
   return v;
+}
+
+// Elements per lane per access when 32 lanes span a row: the smallest power of two that lets them cover N
+// (N <= 32: one element per lane), no wider than the matrix allows.
+template <typename T>
+inline int lane_vector_size(int64_t N, int64_t ld, const void* base) {
+  int v = 1;
+  while (v < 16 / static_cast<int>(sizeof(T)) && int64_t{kWarpSize} * v < N) v *= 2;
+  return std::min(v, widest_vector_size<T>(N, ld, base));
 }
 
 }  // namespace cuda

@@ -2,14 +2,15 @@
 //
 // Work split: merge path over rows + nonzeros (common/csr_cuda.cuh), one warp per unit of D items, so
 // power-law rows (a few with 10^4..10^5 nonzeros, most with a handful) spread evenly over the GPU.
-// Inside a unit the warp walks its rows in order:
+// Inside a unit:
 //   - the unit's nonzeros stream through a 32-entry window: lane l loads (col, val) of nonzero w + l
-//     (coalesced), and the warp broadcasts them one by one with shuffles, so one window serves several
-//     short rows;
-//   - each lane owns C vectors of V columns (V up to 16 bytes: float4 for f32, 8 x bf16), i.e. the warp
-//     covers 32 V C columns of the output; N = 32 f32 is one float per lane, N = 512 f32 is 4 float4 per
-//     lane; wider N runs more column tiles (grid.y);
-//   - kBatch nonzeros are gathered before they are accumulated, so several dense rows are in flight;
+//     (coalesced), and shuffles hand them to the lanes that gather the dense rows;
+//   - the columns: a group of G lanes owns C vectors of V columns each (V up to 16 bytes: float4 for f32,
+//     8 x bf16). Narrow N uses small groups, so the warp takes 32 / G nonzeros at once (N = 32 f32: 8
+//     lanes of float4, 4 nonzeros at once); wide N uses whole warps with up to 4 vectors per lane
+//     (N = 512 f32: 4 float4 per lane); wider still runs more column tiles (grid.y);
+//   - kBatch nonzeros per group are gathered before they are accumulated, so several dense rows are in
+//     flight; row ends come 32 rows at a time through a second window (no load of its own per row);
 //   - rows that end inside the unit are stored; the unit's last row, which continues in the next unit(s),
 //     is left in a carry buffer, and a second kernel adds each row's carries in unit order.
 // Accumulation is f32 for f16/bf16/f32 and f64 for f64. The result is deterministic: every partial sum is
@@ -24,6 +25,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "../common/csr.h"
@@ -62,12 +64,34 @@ __device__ __forceinline__ AlignedVector<T, V> zero_vector() {
   return z;
 }
 
-template <typename T, typename Index, int V, int C>
+// Adds the partial sums of the warp's 32 / G lane groups (butterfly: every group ends with the same,
+// order-independent bits, as IEEE addition is commutative).
+template <int G, int C, int V, typename Acc>
+__device__ __forceinline__ void sum_over_groups(Acc (&acc)[C][V]) {
+#pragma unroll
+  for (int offset = G; offset < kWarpSize; offset <<= 1)
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[c][e] += __shfl_xor_sync(kFullWarpMask, acc[c][e], offset);
+}
+
+// G lanes per nonzero: a group of G lanes owns C vectors of V columns each, and the warp's 32 / G groups
+// take 32 / G consecutive nonzeros at once (G < 32 only with C = 1: narrow N, where one nonzero per warp
+// would leave most lanes idle and pay every shuffle and index computation per 32 V columns).
+// (Tried on the H200: gathering a whole chunk of nonzeros across row boundaries before accumulating
+// needed ~110 registers instead of ~60, and the lost occupancy made every graph 1.3-2x slower.)
+template <typename T, typename Index, int V, int C, int G>
 __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, Index> a) {
   using acc_t = opmath_t<T>;
   using Vec = AlignedVector<T, V>;
-  constexpr int kBatch = C >= 4 ? 2 : 4;  // nonzeros gathered before accumulating (registers: kBatch C V)
+  constexpr int kGroups = kWarpSize / G;
+  static_assert(kGroups == 1 || C == 1, "several nonzeros at once only with one vector per lane");
+  constexpr int kBatch = kGroups > 1 ? 2 : C >= 4 ? 2 : 4;  // nonzeros per group gathered before accumulating
+  constexpr int kStep = kGroups * kBatch;                   // nonzeros the warp consumes per step
+  static_assert(kStep <= kWarpSize, "a step must fit the 32-entry window");
   const int lane = threadIdx.x % kWarpSize;
+  const int group = lane / G;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (unit >= a.units) return;  // whole warps only: every later shuffle has all 32 lanes
 
@@ -83,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
     bool cok[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) {
-      cj[c] = (tile * C * kWarpSize + c * kWarpSize + lane) * V;
+      cj[c] = (tile * C * G + c * G + lane % G) * V;
       cok[c] = cj[c] < a.N;  // N % V == 0 whenever V > 1
     }
     acc_t acc[C][V];
@@ -93,31 +117,41 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
       for (int e = 0; e < V; ++e) acc[c][e] = acc_t(0);
 
     int64_t j = start.nz;               // next nonzero to consume
-    int64_t wbase = j - kWarpSize;      // window [wbase, wbase + 32): empty so far
-    int64_t wcol = -1;                  // this lane's window entry
+    int64_t wbase = j - kWarpSize;      // nonzero window [wbase, wbase + 32): empty so far
+    Index wcol = -1;                    // this lane's window entry
     acc_t wval = acc_t(0);
+    int64_t rbase = start.row - kWarpSize;  // row-end window: lane l holds crow[rbase + 1 + l]
+    Index wrow_end = 0;
     for (int64_t r = start.row; r <= end.row && r < a.M; ++r) {
-      const int64_t re = unit_row_end(a.crow, r, j, end, a.nnz);
+      int64_t re = end.nz;  // the unit's last row stops at the unit's end
+      if (r < end.row) {    // earlier rows end at crow[r + 1] (read 32 rows at a time, not one load per row)
+        if (r >= rbase + kWarpSize) {
+          rbase = r;
+          wrow_end = r + 1 + lane <= a.M ? a.crow[r + 1 + lane] : Index(0);
+        }
+        const int64_t e = __shfl_sync(kFullWarpMask, wrow_end, static_cast<int>(r - rbase));
+        re = ::min(::max(::min(::max(e, int64_t{0}), a.nnz), j), end.nz);
+      }
       while (j < re) {
         if (j >= wbase + kWarpSize) {
           wbase = j;
           const int64_t p = j + lane;
-          wcol = p < end.nz ? static_cast<int64_t>(a.col[p]) : -1;
+          wcol = p < end.nz ? a.col[p] : Index(-1);
           wval = p < end.nz ? static_cast<acc_t>(a.val[p]) : acc_t(0);
         }
         const int kb = static_cast<int>(j - wbase);
         const int ke = static_cast<int>(::min(re - wbase, int64_t{kWarpSize}));
-        for (int k = kb; k < ke; k += kBatch) {
+        for (int k = kb; k < ke; k += kStep) {
           acc_t w[kBatch];
           Vec x[kBatch][C];
 #pragma unroll
           for (int u = 0; u < kBatch; ++u) {
-            const int kk = k + u;
-            const int64_t c = __shfl_sync(kFullWarpMask, wcol, kk & (kWarpSize - 1));
+            const int kk = k + u * kGroups + group;
+            const Index c = __shfl_sync(kFullWarpMask, wcol, kk & (kWarpSize - 1));
             const acc_t v = __shfl_sync(kFullWarpMask, wval, kk & (kWarpSize - 1));
-            const bool ok = kk < ke && c >= 0 && c < a.K;  // the same on every lane
+            const bool ok = kk < ke && c >= 0 && static_cast<int64_t>(c) < a.K;  // the same across a group
             w[u] = ok ? v : acc_t(0);
-            const T* drow = a.dense + (ok ? c : 0) * a.ld;
+            const T* drow = a.dense + (ok ? static_cast<int64_t>(c) : 0) * a.ld;
 #pragma unroll
             for (int cc = 0; cc < C; ++cc) {
               x[u][cc] = ok && cok[cc] ? load_vector<T, V>(drow + cj[cc], 0) : zero_vector<T, V>();
@@ -132,88 +166,117 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
         }
         j = wbase + ke;
       }
-      if (r < end.row && a.head != nullptr && r == start.row && unit > 0) {
-        // Ends here but began in an earlier unit (which carries it): the carry kernel stores the f32 sum.
-        acc_t* hrow = a.head + unit * a.N;
+      if (r < end.row) {
+        sum_over_groups<G>(acc);
+        const bool writer = group == 0;
+        if (a.head != nullptr && r == start.row && unit > 0) {
+          // Ends here but began in an earlier unit (which carries it): the carry kernel stores the f32 sum.
+          acc_t* hrow = a.head + unit * a.N;
 #pragma unroll
-        for (int cc = 0; cc < C; ++cc)
-          if (cok[cc])
+          for (int cc = 0; cc < C; ++cc)
 #pragma unroll
             for (int e = 0; e < V; ++e) {
-              hrow[cj[cc] + e] = acc[cc][e];
+              if (writer && cok[cc]) hrow[cj[cc] + e] = acc[cc][e];
               acc[cc][e] = acc_t(0);
             }
-      } else if (r < end.row) {  // row r ends in this unit
-        T* orow = a.out + r * a.N;
+        } else {  // row r ends in this unit
+          T* orow = a.out + r * a.N;
 #pragma unroll
-        for (int cc = 0; cc < C; ++cc) {
-          if (cok[cc]) {
+          for (int cc = 0; cc < C; ++cc) {
             Vec o;
 #pragma unroll
             for (int e = 0; e < V; ++e) {
               o.val[e] = static_cast<T>(acc[cc][e]);
               acc[cc][e] = acc_t(0);
             }
-            store_vector<T, V>(orow + cj[cc], 0, o);
+            if (writer && cok[cc]) store_vector<T, V>(orow + cj[cc], 0, o);
           }
         }
       }
     }
     if (has_carry) {
+      sum_over_groups<G>(acc);
       acc_t* crow_out = a.carry + unit * a.N;
 #pragma unroll
       for (int cc = 0; cc < C; ++cc)
-        if (cok[cc])
+        if (group == 0 && cok[cc])
 #pragma unroll
           for (int e = 0; e < V; ++e) crow_out[cj[cc] + e] = acc[cc][e];
     }
   }
 }
 
-// Adds the carries of each row that several units share: the first unit of a run of units carrying row r
-// sums the run's carries in unit order and adds the part of the unit ending the row (the next one), which
-// that unit stored in out[r] (f32/f64) or left in head (16-bit).
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    csr_spmm_carry_kernel(T* out, int64_t M, int64_t N, const opmath_t<T>* carry, const int64_t* carry_row,
-                          const opmath_t<T>* head, int64_t units) {
+// Adds the carries of each row that several units share: the first unit u of the run of units carrying
+// row r sums the run's carries in unit order and adds the part of the unit ending the row (the next one),
+// which that unit stored in out[r] (f32/f64) or left in head (16-bit). A run can be hundreds of units long
+// (a row of 10^4 nonzeros in units of ~64 items), so a block of kCarryThreads takes it: kCarryGroups
+// groups of kCarryWidth columns each sum every kCarryGroups-th carry, then one group adds the partial sums
+// in group order (a fixed order: deterministic). blockIdx.y steps over chunks of kCarryWidth columns.
+constexpr int kCarryThreads = 256;
+constexpr int kCarryWidth = 64;
+constexpr int kCarryGroups = kCarryThreads / kCarryWidth;
+
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kCarryThreads) csr_spmm_carry_kernel(const SpmmArgs<T, Index> a) {
   using acc_t = opmath_t<T>;
-  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-    const int64_t r = carry_row[u];
-    if (r < 0 || r >= M || (u > 0 && carry_row[u - 1] == r)) continue;
-    int64_t last = u;
-    while (last + 1 < units && carry_row[last + 1] == r) ++last;
-    for (int64_t col = threadIdx.x; col < N; col += blockDim.x) {
+  __shared__ acc_t partial[kCarryThreads];
+  const int g = threadIdx.x / kCarryWidth;
+  const int t = threadIdx.x % kCarryWidth;
+  for (int64_t u = blockIdx.x; u < a.units; u += gridDim.x) {
+    const int64_t r = a.carry_row[u];
+    if (r < 0 || r >= a.M || (u > 0 && a.carry_row[u - 1] == r)) continue;  // the same for the whole block
+    // Unit v carries row r while the row's end item (diagonal crow[r + 1] + r) lies beyond v's last item,
+    // so the run ends at the unit before the one holding that item. (Clamped: with malformed indices the
+    // result is unspecified, but every access stays in bounds.)
+    const int64_t end_item = clamped_offset(a.crow, r + 1, a.nnz) + r;
+    const int64_t last = ::min(::max(end_item / a.per_unit - 1, u), a.units - 1);
+    for (int64_t col0 = int64_t{blockIdx.y} * kCarryWidth; col0 < a.N; col0 += int64_t{gridDim.y} * kCarryWidth) {
+      const int64_t col = col0 + t;
       acc_t s = acc_t(0);
+      if (col < a.N) {
 #pragma unroll 4
-      for (int64_t v = u; v <= last; ++v) s += carry[v * N + col];
-      const acc_t tail = head != nullptr && last + 1 < units ? head[(last + 1) * N + col]
-                                                             : static_cast<acc_t>(out[r * N + col]);
-      out[r * N + col] = static_cast<T>(tail + s);
+        for (int64_t v = u + g; v <= last; v += kCarryGroups) s += a.carry[v * a.N + col];
+      }
+      partial[threadIdx.x] = s;
+      __syncthreads();
+      if (g == 0 && col < a.N) {
+        acc_t total = acc_t(0);
+#pragma unroll
+        for (int h = 0; h < kCarryGroups; ++h) total += partial[h * kCarryWidth + t];
+        const acc_t tail = a.head != nullptr && last + 1 < a.units ? a.head[(last + 1) * a.N + col]
+                                                                   : static_cast<acc_t>(a.out[r * a.N + col]);
+        a.out[r * a.N + col] = static_cast<T>(tail + total);
+      }
+      __syncthreads();
     }
   }
 }
 
-template <typename T, typename Index, int V, int C>
+template <typename T, typename Index, int V, int C, int G>
 void launch_config(const SpmmArgs<T, Index>& a, cudaStream_t stream) {
   const dim3 grid(blocks_to_cover(a.units, kWarpsPerBlock),
                   static_cast<unsigned int>(std::min<int64_t>(a.column_tiles, 65535)));
-  csr_spmm_kernel<T, Index, V, C><<<grid, kThreads, 0, stream>>>(a);
+  csr_spmm_kernel<T, Index, V, C, G><<<grid, kThreads, 0, stream>>>(a);
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
-// The instantiated (V, C): V elements per access, C accesses per lane; C > 1 only with full 16-byte
-// vectors, capped at 16 accumulators per lane.
+// The instantiated (V, C, G): V elements per access (16 bytes when N, the row stride and the base
+// pointer allow it); with 16-byte vectors either the smallest group of G >= 4 lanes that spans N
+// (C = 1), or whole warps with C = 1, 2 or 4 vectors per lane (at most 16 accumulators per lane);
+// narrower vectors (odd N, misaligned views) take whole warps, C = 1.
 template <typename T, typename Index>
 void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream_t stream) {
   constexpr int kMaxV = 16 / static_cast<int>(sizeof(T));
   constexpr int kMaxC = std::max(1, std::min(4, 16 / kMaxV));
-  int c = 1;
+  int c = 1, g = kWarpSize;
   if (v == kMaxV) {
-    const int64_t wanted = (a.N + kWarpSize * v - 1) / (kWarpSize * v);
+    const int64_t vectors = (a.N + v - 1) / v;  // per row
+    g = 4;
+    while (g < kWarpSize && g < vectors) g *= 2;
+    const int64_t wanted = (vectors + kWarpSize - 1) / kWarpSize;
     c = wanted >= 4 && kMaxC >= 4 ? 4 : wanted >= 2 ? 2 : 1;
   }
-  a.column_tiles = (a.N + int64_t{kWarpSize} * v * c - 1) / (int64_t{kWarpSize} * v * c);
+  a.column_tiles = (a.N + int64_t{g} * v * c - 1) / (int64_t{g} * v * c);
   const auto part = merge_partition(a.M, a.nnz, a.column_tiles, like.get_device());
   a.per_unit = part.per_unit;
   a.units = part.units;
@@ -232,21 +295,28 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
 
   if (v == kMaxV) {
     if (c == 4) {
-      if constexpr (kMaxC >= 4) launch_config<T, Index, kMaxV, 4>(a, stream);
+      if constexpr (kMaxC >= 4) launch_config<T, Index, kMaxV, 4, kWarpSize>(a, stream);
     } else if (c == 2) {
-      launch_config<T, Index, kMaxV, 2>(a, stream);
+      launch_config<T, Index, kMaxV, 2, kWarpSize>(a, stream);
+    } else if (g == 4) {
+      launch_config<T, Index, kMaxV, 1, 4>(a, stream);
+    } else if (g == 8) {
+      launch_config<T, Index, kMaxV, 1, 8>(a, stream);
+    } else if (g == 16) {
+      launch_config<T, Index, kMaxV, 1, 16>(a, stream);
     } else {
-      launch_config<T, Index, kMaxV, 1>(a, stream);
+      launch_config<T, Index, kMaxV, 1, kWarpSize>(a, stream);
     }
   } else if (v == 1) {
-    launch_config<T, Index, 1, 1>(a, stream);
+    launch_config<T, Index, 1, 1, kWarpSize>(a, stream);
   } else if (v == 2) {
-    if constexpr (kMaxV > 2) launch_config<T, Index, 2, 1>(a, stream);
+    if constexpr (kMaxV > 2) launch_config<T, Index, 2, 1, kWarpSize>(a, stream);
   } else if (v == 4) {
-    if constexpr (kMaxV > 4) launch_config<T, Index, 4, 1>(a, stream);
+    if constexpr (kMaxV > 4) launch_config<T, Index, 4, 1, kWarpSize>(a, stream);
   }
-  csr_spmm_carry_kernel<T><<<blocks_to_cover(a.units, 1), kThreads, 0, stream>>>(
-      a.out, a.M, a.N, a.carry, a.carry_row, a.head, a.units);
+  const dim3 carry_grid(blocks_to_cover(a.units, 1),
+                        static_cast<unsigned int>(std::min<int64_t>((a.N + kCarryWidth - 1) / kCarryWidth, 65535)));
+  csr_spmm_carry_kernel<T, Index><<<carry_grid, kCarryThreads, 0, stream>>>(a);
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
@@ -273,8 +343,7 @@ at::Tensor spmm_cuda(const char* op, const at::Tensor& crow_in, const at::Tensor
       a.K = K;
       a.N = N;
       a.nnz = col.numel();
-      const int v = lane_vector_size<scalar_t>(N, a.ld, a.dense);
-      launch_spmm(a, v, out, stream);
+      launch_spmm(a, widest_vector_size<scalar_t>(N, a.ld, a.dense), out, stream);
     });
   });
   return out;
