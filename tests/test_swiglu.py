@@ -188,6 +188,27 @@ def test_within_ulps_of_float64(device: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_16_bit_gate(device: str, dtype: torch.dtype) -> None:
+    # All 65536 bit patterns as the gate (the CPU looks 16-bit sigmoids up in a table built from them):
+    # silu within 1 ulp of float64, NaN exactly where F.silu gives NaN; the backward's grad_up likewise.
+    # Below gate = -88.72 exp(-gate) overflows f32 and the result is -0, as torch's own F.silu gives in
+    # bf16 and f32 (the exact value, ~1e-37 at -89, is a bf16 number).
+    gate = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype).to(device)
+    ones = torch.ones_like(gate)
+    exact = reference(gate, ones)
+    overflow = gate.cpu().double() < -88.72
+    checked = exact.isfinite() & ~overflow
+    for got in (torchops.swiglu(gate, ones), torch.ops.myns.swiglu_backward(ones, gate, ones)[1]):
+        got = got.cpu().double()
+        assert torch.equal(got.isnan(), exact.isnan())
+        assert torch.equal(got[exact.isinf()], exact[exact.isinf()])
+        assert bool((got[overflow & ~exact.isnan()] == 0).all())
+        err = (got[checked] - exact[checked]).abs()
+        assert bool((err <= ulp(exact[checked], dtype)).all()), err.max()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_layout_does_not_change_the_bits(device: str, dtype: torch.dtype) -> None:
     # Contiguous, chunk halves, transposed and strided inputs run different loops; same values, same bits.

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define TORCHOPS_HAS_AVX2_PATH 1
@@ -144,6 +145,43 @@ TORCHOPS_TARGET_AVX2 inline __m256 sigmoid8(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 minus_x = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
   return _mm256_div_ps(one, _mm256_add_ps(one, exp8(minus_x)));
+}
+
+// The sigmoid of every f16 (or bf16) value, indexed by its 16 bits: 256 KiB, computed once with sigmoid8
+// (so a lookup gives exactly what sigmoid8 gives). Measured on our CI's CPU (Zen 1, whose 128-bit FP units
+// split every AVX2 op): bf16 swiglu, one core, in cache, went from 2.95 to 2.0 ns per element forward and
+// from 5.7 to 3.7-4.0 backward; exp8 + division is the bulk of the element's cost there.
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline std::vector<float> make_sigmoid_table() {
+  std::vector<float> table(1 << 16);
+  for (int i = 0; i < (1 << 16); i += 8) {
+    const __m128i bits = _mm_add_epi16(_mm_set1_epi16(static_cast<int16_t>(i)), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_storeu_ps(table.data() + i, sigmoid8(bits8_to_float<T>(bits)));
+  }
+  return table;
+}
+
+template <typename T>
+inline const float* sigmoid_table() {
+  static const std::vector<float> table = make_sigmoid_table<T>();  // thread-safe, built on first use
+  return table.data();
+}
+
+// sigmoid8(x) for x holding 8 values of storage type T (exactly representable in T): a table lookup for
+// f16/bf16, computed for f32.
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline __m256 sigmoid8_of(__m256 x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return sigmoid8(x);
+  } else {
+    __m256i index;
+    if constexpr (std::is_same_v<T, c10::Half>) {  // back to its f16 bits (exact)
+      index = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {  // a bf16 value is the top half of its f32
+      index = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
+    }
+    return _mm256_i32gather_ps(sigmoid_table<T>(), index, 4);
+  }
 }
 
 }  // namespace cpu

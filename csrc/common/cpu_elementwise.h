@@ -5,9 +5,9 @@
 //
 // An Op is a struct with kIn, kOut and a scalar `operator()(const A (&x)[kIn], A (&y)[kOut])` on the
 // op-math type A (activations.h); on x86-64 it also has
-//   TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], __m256 (&y)[kOut]);
-// used for f32/f16/bf16 when the processor has AVX2+FMA+F16C. f64 (and other processors) run the scalar
-// operator(), in f64.
+//   template <typename T> TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], __m256 (&y)[kOut]);
+// (T: the storage type the lanes were loaded from), used for f32/f16/bf16 when the processor has
+// AVX2+FMA+F16C. f64 (and other processors) run the scalar operator(), in f64.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -59,13 +59,13 @@ TORCHOPS_TARGET_AVX2 void avx2_run(const Run<T, Op::kIn, Op::kOut>& r, int64_t n
   if (dense) {
     for (; j + 8 <= n; j += 8) {
       for (int k = 0; k < kIn; ++k) x[k] = load8_as_float(r.in[k] + j);
-      Op::vec8(x, y);
+      Op::template vec8<T>(x, y);
       for (int k = 0; k < kOut; ++k) store8_from_float(r.out[k] + j, y[k]);
     }
   } else {
     for (; j + 8 <= n; j += 8) {
       for (int k = 0; k < kIn; ++k) x[k] = gather8_as_float(r.in[k] + j * r.in_stride[k], r.in_stride[k]);
-      Op::vec8(x, y);
+      Op::template vec8<T>(x, y);
       for (int k = 0; k < kOut; ++k) scatter8_from_float(r.out[k] + j * r.out_stride[k], r.out_stride[k], y[k]);
     }
   }
@@ -76,7 +76,7 @@ TORCHOPS_TARGET_AVX2 void avx2_run(const Run<T, Op::kIn, Op::kOut>& r, int64_t n
       for (int e = 0; e < 8; ++e) lanes[k][e] = e < rem ? static_cast<float>(r.in[k][(j + e) * r.in_stride[k]]) : 0.0f;
       x[k] = _mm256_load_ps(lanes[k]);
     }
-    Op::vec8(x, y);
+    Op::template vec8<T>(x, y);
     for (int k = 0; k < kOut; ++k) {
       _mm256_store_ps(lanes[k], y[k]);
       for (int e = 0; e < rem; ++e) r.out[k][(j + e) * r.out_stride[k]] = static_cast<T>(lanes[k][e]);
