@@ -5,7 +5,7 @@ of 10^4..10^5 nonzeros, most short) sized like ogbn-arxiv (169,343 rows / 1.17M 
 (132,534 / 39.6M) and Reddit (232,965 / 114.6M), plus a uniform-random graph; square (K = M), columns
 random, sorted and without duplicates within a row; int32 indices. For each graph and N in 32..512, on the
 same tensors in the same run:
-  fwd      torchops.csr_spmm  vs  torch.sparse_csr_tensor(...) @ dense   (cuSPARSE; torch.sparse.mm on CPU)
+  fwd          torchops.csr_spmm  vs  torch.sparse_csr_tensor(...) @ dense  (cuSPARSE; torch.sparse.mm on CPU);
   fwd+bwd      gradients of values and dense, torchops (transpose computed in backward, and the transpose
                precomputed as torchops.spmm caches it)  vs  torch autograd through the same sparse CSR matmul;
   fwd+bwd(d)   the gradient of dense only (a GCN: fixed adjacency, learned features), same three.
