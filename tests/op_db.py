@@ -59,9 +59,10 @@ def _grad(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- vector_add
-# (shape, layout of a, layout of b): empty, 0-dim, sizes that miss the 16-byte vector width, misaligned
-# starts, transposed (tiled CUDA path, partial tiles), sliced, broadcast (stride 0), permuted, 5-D.
-_VECTOR_ADD_CASES: list[tuple[tuple[int, ...], str, str]] = [
+# (shape, layout of the first input, layout of the second), shared by the elementwise ops: empty, 0-dim,
+# sizes that miss the 16-byte vector width, misaligned starts, transposed, sliced, broadcast (stride 0),
+# permuted, 5-D.
+_ELEMENTWISE_CASES: list[tuple[tuple[int, ...], str, str]] = [
     ((), "contiguous", "contiguous"),
     ((0,), "contiguous", "contiguous"),
     ((2, 0, 3), "contiguous", "contiguous"),
@@ -71,13 +72,16 @@ _VECTOR_ADD_CASES: list[tuple[tuple[int, ...], str, str]] = [
     ((33,), "offset", "contiguous"),
     ((1000,), "offset", "offset"),
     ((3, 5), "transposed", "contiguous"),
-    ((64, 33), "contiguous", "transposed"),
     ((33, 70), "transposed", "transposed"),
-    ((130, 257), "transposed", "sliced"),
     ((5, 9), "sliced", "contiguous"),
     ((4, 6), "expanded", "contiguous"),
     ((2, 3, 4), "permuted", "contiguous"),
     ((2, 3, 4, 5, 6), "sliced", "permuted"),
+]
+# vector_add's tiled CUDA path for transposed operands, with partial tiles.
+_VECTOR_ADD_CASES = _ELEMENTWISE_CASES + [
+    ((64, 33), "contiguous", "transposed"),
+    ((130, 257), "transposed", "sliced"),
 ]
 
 
@@ -97,8 +101,16 @@ def vector_add_out_reference(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     return a + b
 
 
-def vector_add_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+def pair_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    """Two (n, 3) tensors: the sized inputs of the two-operand elementwise ops."""
     return (random_tensor((n, 3), dtype, device), random_tensor((n, 3), dtype, device))
+
+
+def _named(op: str, cases: list[ErrorInput]) -> list[ErrorInput]:
+    """The cases with "OP" in their expected messages replaced by the op's name."""
+    for c in cases:
+        c.match = c.match.replace("OP", op)
+    return cases
 
 
 def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor, torch.Tensor], tuple],
@@ -116,8 +128,8 @@ def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor,
     if device == "cuda":
         cases.append(ErrorInput(Sample(extra(f32(4), torch.randn(4))), r"myns::OP: <a> and <b> must be on the same device, got cuda:0 and cpu"))
     for c in cases:
-        c.match = c.match.replace("OP", op).replace("<a>", names[0]).replace("<b>", names[1])
-    return cases
+        c.match = c.match.replace("<a>", names[0]).replace("<b>", names[1])
+    return _named(op, cases)
 
 
 def vector_add_errors(device: str) -> list[ErrorInput]:
@@ -140,7 +152,7 @@ def vector_add_out_samples(device: str, dtype: torch.dtype, requires_grad: bool)
 
 
 def vector_add_out_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
-    return (*vector_add_sized(device, dtype, n), torch.empty((n, 3), dtype=dtype, device=device))
+    return (*pair_sized(device, dtype, n), torch.empty((n, 3), dtype=dtype, device=device))
 
 
 def vector_add_out_errors(device: str) -> list[ErrorInput]:
@@ -159,24 +171,8 @@ def vector_add_out_errors(device: str) -> list[ErrorInput]:
 
 
 # ---------------------------------------------------------------------------------------------- swiglu
-# (shape, layout of gate, layout of up) as for vector_add, plus the halves of x.chunk(2, -1) (rows with a
-# row stride, read in place) built in _chunk_halves.
-_SWIGLU_CASES: list[tuple[tuple[int, ...], str, str]] = [
-    ((), "contiguous", "contiguous"),
-    ((0,), "contiguous", "contiguous"),
-    ((2, 0, 3), "contiguous", "contiguous"),
-    ((1,), "contiguous", "contiguous"),
-    ((7,), "contiguous", "contiguous"),
-    ((4097,), "contiguous", "contiguous"),
-    ((33,), "offset", "contiguous"),
-    ((1000,), "offset", "offset"),
-    ((3, 5), "transposed", "contiguous"),
-    ((33, 70), "transposed", "transposed"),
-    ((5, 9), "sliced", "contiguous"),
-    ((4, 6), "expanded", "contiguous"),
-    ((2, 3, 4), "permuted", "contiguous"),
-    ((2, 3, 4, 5, 6), "sliced", "permuted"),
-]
+# The gate/up layouts: _ELEMENTWISE_CASES, plus the halves of x.chunk(2, -1) (rows with a row stride,
+# read in place) built in _chunk_halves.
 
 # (leading shape, H, storage offset in elements): odd H (rows never 16-byte aligned: the scalar rows
 # path), H a multiple of every vector width (16-byte vectors), a misaligned base, a 3-D leading shape.
@@ -222,7 +218,7 @@ def _swiglu_pairs(device: str, dtype: torch.dtype, requires_grad: bool) -> list[
     """(gate, up, description) for every swiglu layout; non-finite values only without grads (finite
     differences of inf/NaN mean nothing)."""
     pairs = [(make_layout(shape, dtype, device, lg), make_layout(shape, dtype, device, lu), f"{shape} {lg}+{lu}")
-             for shape, lg, lu in _SWIGLU_CASES]
+             for shape, lg, lu in _ELEMENTWISE_CASES]
     for lead, h, offset in _CHUNK_CASES:
         gate, up = _chunk_halves(lead, h, offset, dtype, device)
         pairs.append((gate, up, f"chunk halves of {(*lead, 2 * h)}, offset {offset}"))
@@ -242,10 +238,6 @@ def swiglu_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list
 
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
-
-
-def swiglu_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
-    return (random_tensor((n, 3), dtype, device), random_tensor((n, 3), dtype, device))
 
 
 def swiglu_errors(device: str) -> list[ErrorInput]:
@@ -386,12 +378,16 @@ def csr_spmm_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
     return (crow, col, random_tensor((3 * n,), dtype, device), random_tensor((n + 1, 4), dtype, device))
 
 
+def _csr_example(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A valid (crow, col, values, dense): 2 x 3 with 3 nonzeros, dense 3 x 4, int64 indices."""
+    crow, col = torch.tensor([0, 2, 3], device=device), torch.tensor([0, 2, 1], device=device)
+    return crow, col, torch.randn(3, device=device), torch.randn(3, 4, device=device)
+
+
 def _csr_metadata_errors(op: str, device: str, make: Callable[..., tuple]) -> list[ErrorInput]:
     """Argument errors for ops taking (crow, col, values-like, dense, ...): `make(crow, col, values, dense)`."""
     i32, i64 = torch.int32, torch.int64
-    crow = torch.tensor([0, 2, 3], device=device)
-    col = torch.tensor([0, 2, 1], device=device)
-    v, d = torch.randn(3, device=device), torch.randn(3, 4, device=device)
+    crow, col, v, d = _csr_example(device)
     cases = [
         ErrorInput(Sample(make(crow.to(i32), col.to(i64), v, d)), r"myns::OP: crow_indices and col_indices must have the same dtype, got Int and Long"),
         ErrorInput(Sample(make(crow.float(), col.float(), v, d)), r"myns::OP: crow_indices has unsupported dtype Float; supported: Int, Long"),
@@ -420,16 +416,9 @@ def _csr_structure_errors(op: str, device: str, make: Callable[..., tuple]) -> l
     ]
 
 
-def _named(op: str, cases: list[ErrorInput]) -> list[ErrorInput]:
-    for c in cases:
-        c.match = c.match.replace("OP", op)
-    return cases
-
-
 def csr_spmm_errors(device: str) -> list[ErrorInput]:
     make = lambda crow, col, v, d: (crow, col, v, d)  # noqa: E731
-    crow, col = torch.tensor([0, 2, 3], device=device), torch.tensor([0, 2, 1], device=device)
-    v, d = torch.randn(3, device=device), torch.randn(3, 4, device=device)
+    crow, col, v, d = _csr_example(device)
     cases = _csr_metadata_errors("OP", device, make) + _csr_structure_errors("OP", device, make) + [
         ErrorInput(Sample((crow, col, v, d.double())), r"myns::OP: values and dense must have the same dtype, got Float and Double"),
         ErrorInput(Sample((crow, col, torch.randn(4, device=device), d)), r"myns::OP: col_indices and values must have the same length \(nnz\), got 3 and 4"),
@@ -460,8 +449,7 @@ def csr_spmm_with_transpose_errors(device: str) -> list[ErrorInput]:
         return (crow, col, v, d, torch.tensor([0, 1, 2, 3], dtype=crow.dtype, device=crow.device),
                 col.new_zeros(col.shape), col.new_zeros(col.shape))
 
-    crow, col = torch.tensor([0, 2, 3], device=device), torch.tensor([0, 2, 1], device=device)
-    v, d = torch.randn(3, device=device), torch.randn(3, 4, device=device)
+    crow, col, v, d = _csr_example(device)
     t_col = torch.zeros(3, dtype=torch.int64, device=device)
     cases = _csr_metadata_errors("OP", device, make) + _csr_structure_errors("OP", device, make) + [
         ErrorInput(Sample((crow, col, v, d, torch.tensor([0, 1, 3], device=device), t_col, t_col)),
@@ -501,8 +489,7 @@ def csr_sddmm_errors(device: str) -> list[ErrorInput]:
         m = crow.numel() - 1 if crow.dim() == 1 and crow.numel() else 2
         return (crow, col, torch.randn(m, d.shape[-1], dtype=d.dtype, device=col.device), d)
 
-    crow, col = torch.tensor([0, 2, 3], device=device), torch.tensor([0, 2, 1], device=device)
-    d = torch.randn(3, 4, device=device)
+    crow, col, _, d = _csr_example(device)
     cases = _csr_metadata_errors("OP", device, make) + _csr_structure_errors("OP", device, make) + [
         ErrorInput(Sample((crow, col, torch.randn(3, 4, device=device), d)), r"myns::OP: grad_out must have crow_indices.numel\(\) - 1 = 2 rows, got 3"),
         ErrorInput(Sample((crow, col, torch.randn(2, 5, device=device), d)), r"myns::OP: grad_out and dense must have the same number of columns, got 5 and 4"),
@@ -531,7 +518,7 @@ def csr_transpose_errors(device: str) -> list[ErrorInput]:
     def make(crow, col, v, d):
         return (crow, col, 3)
 
-    crow, col = torch.tensor([0, 2, 3], device=device), torch.tensor([0, 2, 1], device=device)
+    crow, col, _, _ = _csr_example(device)
     cases = _csr_metadata_errors("OP", device, make) + _csr_structure_errors("OP", device, make) + [
         ErrorInput(Sample((crow, col, -1)), r"myns::OP: K must be non-negative, got -1"),
     ]
@@ -596,10 +583,8 @@ def _rms_norm_args(device: str, dtype: torch.dtype, requires_grad: bool):
 
 
 def rms_norm_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
-    samples = [Sample((x, w, eps), desc=desc) for x, w, eps, desc in _rms_norm_args(device, dtype, requires_grad)]
     x = _grad(random_tensor((4, 12), dtype, device), requires_grad)
-    samples.append(Sample((x,), desc="(4, 12), weight and eps defaulted"))
-    return samples
+    return rms_norm_forward_samples(device, dtype, requires_grad) + [Sample((x,), desc="(4, 12), weight and eps defaulted")]
 
 
 def rms_norm_reference(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -694,9 +679,7 @@ def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[Erro
     if device == "cuda":
         cases.append(ErrorInput(Sample((f32(4, 8), torch.randn(8), 1e-6) + extra),
                                 r"myns::OP: input and weight must be on the same device, got cuda:0 and cpu"))
-    for c in cases:
-        c.match = c.match.replace("OP", op)
-    return cases
+    return _named(op, cases)
 
 
 def rms_norm_errors(device: str) -> list[ErrorInput]:
@@ -737,7 +720,7 @@ OP_DB: list[OpInfo] = [
         sample_inputs=vector_add_samples,
         reference=vector_add_reference,
         error_inputs=vector_add_errors,
-        sized_inputs=vector_add_sized,
+        sized_inputs=pair_sized,
     ),
     OpInfo(
         name="vector_add_out",
@@ -755,7 +738,7 @@ OP_DB: list[OpInfo] = [
         sample_inputs=swiglu_samples,
         reference=swiglu_reference,
         error_inputs=swiglu_errors,
-        sized_inputs=swiglu_sized,
+        sized_inputs=pair_sized,
     ),
     # Differentiable: its double backward (ATen math in csrc/autograd/swiglu.cpp) is gradchecked here.
     OpInfo(
