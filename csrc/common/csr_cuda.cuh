@@ -52,13 +52,19 @@ __device__ __forceinline__ void merge_path_search(const Index* crow, int64_t M, 
   c1 = {lo1, d1 - lo1};
 }
 
+// The end (exclusive) of the nonzeros of a row that ends inside a unit ending at `end`, given the row's
+// crow[r + 1] (as read: unvalidated): clamped to [0, nnz], never before the cursor `j`, never past the unit.
+__device__ __forceinline__ int64_t row_end_in_unit(int64_t crow_next, int64_t j, MergeCoord end, int64_t nnz) {
+  return ::min(::max(::min(::max(crow_next, int64_t{0}), nnz), j), end.nz);
+}
+
 // The end (exclusive) of row r's nonzeros inside a unit that ends at `end`, never before the cursor `j`:
 // rows before the unit's last row end at crow[r + 1]; the last row stops at the unit's end.
 template <typename Index>
 __device__ __forceinline__ int64_t unit_row_end(const Index* crow, int64_t r, int64_t j, MergeCoord end,
                                                 int64_t nnz) {
   if (r >= end.row) return end.nz;
-  return ::min(::max(clamped_offset(crow, r + 1, nnz), j), end.nz);
+  return row_end_in_unit(crow[r + 1], j, end, nnz);
 }
 
 // How many items each unit (one warp) takes: about kWavesPerLaunch waves of warps per column tile, but at

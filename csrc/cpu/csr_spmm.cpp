@@ -173,10 +173,10 @@ void spmm_into(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& 
   });
 }
 
-// Validates everything and returns out (M x N); index tensors and values are made contiguous.
-at::Tensor spmm_checked(const char* op, const at::Tensor& crow_in, const at::Tensor& col_in,
-                        const at::Tensor& values_in, const at::Tensor& dense_in) {
-  check_csr_spmm_args(op, crow_in, col_in, values_in, dense_in);
+// out (M x N) for arguments that passed check_csr_spmm_args; validates the structure (it reads the
+// indices), and makes the index tensors and values contiguous.
+at::Tensor spmm_cpu(const char* op, const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& values_in,
+                    const at::Tensor& dense_in) {
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
   const int64_t M = crow.numel() - 1, N = dense_in.size(1);
   check_csr_structure_cpu(op, crow, col, dense_in.size(0));
@@ -188,7 +188,8 @@ at::Tensor spmm_checked(const char* op, const at::Tensor& crow_in, const at::Ten
 
 at::Tensor csr_spmm_cpu(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                         const at::Tensor& dense) {
-  return spmm_checked("csr_spmm", crow, col, values, dense);
+  check_csr_spmm_args("csr_spmm", crow, col, values, dense);
+  return spmm_cpu("csr_spmm", crow, col, values, dense);
 }
 
 at::Tensor csr_spmm_with_transpose_cpu(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
@@ -197,7 +198,7 @@ at::Tensor csr_spmm_with_transpose_cpu(const at::Tensor& crow, const at::Tensor&
   const char* op = "_csr_spmm_with_transpose";
   check_csr_spmm_args(op, crow, col, values, dense);
   check_csr_transpose_args(op, crow, col, dense, t_crow, t_col, t_perm);
-  return spmm_checked(op, crow, col, values, dense);
+  return spmm_cpu(op, crow, col, values, dense);
 }
 
 // -------------------------------------------------------------------------------------------------- sddmm

@@ -129,8 +129,7 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
           rbase = r;
           wrow_end = r + 1 + lane <= a.M ? a.crow[r + 1 + lane] : Index(0);
         }
-        const int64_t e = __shfl_sync(kFullWarpMask, wrow_end, static_cast<int>(r - rbase));
-        re = ::min(::max(::min(::max(e, int64_t{0}), a.nnz), j), end.nz);
+        re = row_end_in_unit(__shfl_sync(kFullWarpMask, wrow_end, static_cast<int>(r - rbase)), j, end, a.nnz);
       }
       while (j < re) {
         if (j >= wbase + kWarpSize) {
@@ -320,9 +319,9 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
-at::Tensor spmm_cuda(const char* op, const at::Tensor& crow_in, const at::Tensor& col_in,
-                     const at::Tensor& values_in, const at::Tensor& dense_in) {
-  check_csr_spmm_args(op, crow_in, col_in, values_in, dense_in);
+// out (M x N) for arguments that passed check_csr_spmm_args.
+at::Tensor spmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& values_in,
+                     const at::Tensor& dense_in) {
   const c10::cuda::CUDAGuard device_guard(values_in.device());
   const int64_t M = crow_in.numel() - 1, K = dense_in.size(0), N = dense_in.size(1);
   at::Tensor out = at::detail::empty_cuda({M, N}, values_in.scalar_type(), values_in.device(), std::nullopt);
@@ -351,7 +350,8 @@ at::Tensor spmm_cuda(const char* op, const at::Tensor& crow_in, const at::Tensor
 
 at::Tensor csr_spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                          const at::Tensor& dense) {
-  return spmm_cuda("csr_spmm", crow, col, values, dense);
+  check_csr_spmm_args("csr_spmm", crow, col, values, dense);
+  return spmm_cuda(crow, col, values, dense);
 }
 
 at::Tensor csr_spmm_with_transpose_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
@@ -360,7 +360,7 @@ at::Tensor csr_spmm_with_transpose_cuda(const at::Tensor& crow, const at::Tensor
   const char* op = "_csr_spmm_with_transpose";
   check_csr_spmm_args(op, crow, col, values, dense);
   check_csr_transpose_args(op, crow, col, dense, t_crow, t_col, t_perm);
-  return spmm_cuda(op, crow, col, values, dense);
+  return spmm_cuda(crow, col, values, dense);
 }
 
 }  // namespace
