@@ -184,10 +184,7 @@ def csr_spmm(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: T
 
 
 class _Transpose(NamedTuple):
-    crow_ptr: int
-    col_ptr: int
-    versions: tuple[int, int]
-    K: int
+    key: tuple[int, ...]  # what it was computed from: crow/col data pointers and versions, K
     tensors: tuple[Tensor, Tensor, Tensor]  # t_crow_indices, t_col_indices, t_perm
 
 
@@ -198,10 +195,10 @@ _TRANSPOSE_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 def _cached_transpose(A: Tensor, crow: Tensor, col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     K = A.size(1)
-    key = (crow.data_ptr(), col.data_ptr(), (crow._version, col._version), K)
+    key = (crow.data_ptr(), col.data_ptr(), crow._version, col._version, K)
     entry = _TRANSPOSE_CACHE.get(A)
-    if entry is None or (entry.crow_ptr, entry.col_ptr, entry.versions, entry.K) != key:
-        entry = _Transpose(*key, tuple(_csr_transpose(crow, col, K)))
+    if entry is None or entry.key != key:
+        entry = _Transpose(key, tuple(_csr_transpose(crow, col, K)))
         _TRANSPOSE_CACHE[A] = entry
     return entry.tensors
 
