@@ -32,28 +32,33 @@ def check(cond: bool, op: str, msg: str) -> None:
     torch._check(cond, lambda: f"myns::{op}: {msg}")
 
 
-def check_elementwise(op: str, tensors: Sequence[tuple[str, torch.Tensor]], dtypes: Sequence[torch.dtype]) -> None:
+# (name, tensor) pairs, as NamedTensor in checks.h.
+Named = tuple[str, torch.Tensor]
+
+
+def same_device(op: str, x: Named, y: Named) -> None:
+    check(x[1].device == y[1].device, op, f"{x[0]} and {y[0]} must be on the same device, got {x[1].device} and {y[1].device}")
+
+
+def same_dtype(op: str, x: Named, y: Named) -> None:
+    check(x[1].dtype == y[1].dtype, op,
+          f"{x[0]} and {y[0]} must have the same dtype, got {_dtype_name(x[1].dtype)} and {_dtype_name(y[1].dtype)}")
+
+
+def dtype_in(op: str, t: Named, dtypes: Sequence[torch.dtype]) -> None:
+    check(t[1].dtype in dtypes, op,
+          f"{t[0]} has unsupported dtype {_dtype_name(t[1].dtype)}; supported: {', '.join(_dtype_name(d) for d in dtypes)}")
+
+
+def check_elementwise(op: str, tensors: Sequence[Named], dtypes: Sequence[torch.dtype]) -> None:
     """Same contract as torchops::check_elementwise: same device, dtype and shape; dtype in `dtypes`."""
-    first_name, first = tensors[0]
-    for name, t in tensors[1:]:
+    first = tensors[0]
+    for t in tensors[1:]:
+        same_device(op, first, t)
+        same_dtype(op, first, t)
         check(
-            first.device == t.device,
+            first[1].dim() == t[1].dim() and all(x == y for x, y in zip(first[1].shape, t[1].shape)),
             op,
-            f"{first_name} and {name} must be on the same device, got {first.device} and {t.device}",
+            f"{first[0]} and {t[0]} must have the same shape, got {list(first[1].shape)} and {list(t[1].shape)}",
         )
-        check(
-            first.dtype == t.dtype,
-            op,
-            f"{first_name} and {name} must have the same dtype, got {_dtype_name(first.dtype)} and {_dtype_name(t.dtype)}",
-        )
-        check(
-            first.dim() == t.dim() and all(x == y for x, y in zip(first.shape, t.shape)),
-            op,
-            f"{first_name} and {name} must have the same shape, got {list(first.shape)} and {list(t.shape)}",
-        )
-    check(
-        first.dtype in dtypes,
-        op,
-        f"{first_name} has unsupported dtype {_dtype_name(first.dtype)}; "
-        f"supported: {', '.join(_dtype_name(d) for d in dtypes)}",
-    )
+    dtype_in(op, first, dtypes)

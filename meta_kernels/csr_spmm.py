@@ -10,24 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, _dtype_name, check
+from meta_kernels._checks import FLOAT_DTYPES, check, dtype_in, same_device, same_dtype
 
 INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def _same_device(op: str, x: tuple[str, torch.Tensor], y: tuple[str, torch.Tensor]) -> None:
-    check(x[1].device == y[1].device, op,
-          f"{x[0]} and {y[0]} must be on the same device, got {x[1].device} and {y[1].device}")
-
-
-def _same_dtype(op: str, x: tuple[str, torch.Tensor], y: tuple[str, torch.Tensor]) -> None:
-    check(x[1].dtype == y[1].dtype, op,
-          f"{x[0]} and {y[0]} must have the same dtype, got {_dtype_name(x[1].dtype)} and {_dtype_name(y[1].dtype)}")
-
-
-def _dtype_in(op: str, t: tuple[str, torch.Tensor], dtypes: tuple[torch.dtype, ...]) -> None:
-    check(t[1].dtype in dtypes, op,
-          f"{t[0]} has unsupported dtype {_dtype_name(t[1].dtype)}; supported: {', '.join(_dtype_name(d) for d in dtypes)}")
 
 
 def _one_d(op: str, t: tuple[str, torch.Tensor]) -> None:
@@ -36,19 +21,19 @@ def _one_d(op: str, t: tuple[str, torch.Tensor]) -> None:
 
 def check_csr_indices(op: str, crow: tuple[str, torch.Tensor], col: tuple[str, torch.Tensor],
                       device_of: tuple[str, torch.Tensor]) -> None:
-    _same_device(op, device_of, crow)
-    _same_device(op, device_of, col)
+    same_device(op, device_of, crow)
+    same_device(op, device_of, col)
     _one_d(op, crow)
     _one_d(op, col)
     check(crow[1].numel() >= 1, op, f"{crow[0]} must hold M + 1 >= 1 entries, got none")
-    _dtype_in(op, crow, INDEX_DTYPES)
-    _same_dtype(op, crow, col)
+    dtype_in(op, crow, INDEX_DTYPES)
+    same_dtype(op, crow, col)
 
 
 def check_csr_matrix(op: str, t: tuple[str, torch.Tensor], device_of: tuple[str, torch.Tensor]) -> None:
-    _same_device(op, device_of, t)
+    same_device(op, device_of, t)
     check(t[1].dim() == 2, op, f"{t[0]} must be 2-D, got shape {list(t[1].shape)}")
-    _dtype_in(op, t, FLOAT_DTYPES)
+    dtype_in(op, t, FLOAT_DTYPES)
 
 
 def check_csr_spmm_args(op: str, crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor,
@@ -56,11 +41,11 @@ def check_csr_spmm_args(op: str, crow: torch.Tensor, col: torch.Tensor, values: 
     v, d = ("values", values), ("dense", dense)
     check_csr_indices(op, ("crow_indices", crow), ("col_indices", col), v)
     _one_d(op, v)
-    _dtype_in(op, v, FLOAT_DTYPES)
+    dtype_in(op, v, FLOAT_DTYPES)
     check(col.numel() == values.numel(), op,
           f"col_indices and values must have the same length (nnz), got {col.numel()} and {values.numel()}")
     check_csr_matrix(op, d, v)
-    _same_dtype(op, v, d)
+    same_dtype(op, v, d)
 
 
 @torch.library.register_fake("myns::csr_spmm")
@@ -79,7 +64,7 @@ def csr_spmm_with_transpose(crow_indices: torch.Tensor, col_indices: torch.Tenso
     c, tc = ("crow_indices", crow_indices), ("t_crow_indices", t_crow_indices)
     check_csr_indices(op, tc, ("t_col_indices", t_col_indices), c)
     check_csr_indices(op, tc, ("t_perm", t_perm), c)
-    _same_dtype(op, c, tc)
+    same_dtype(op, c, tc)
     check(t_crow_indices.numel() == dense.shape[0] + 1, op,
           f"t_crow_indices must hold K + 1 = {dense.shape[0] + 1} entries (K = dense.size(0)), got {t_crow_indices.numel()}")
     nnz = col_indices.numel()
@@ -96,7 +81,7 @@ def csr_sddmm(crow_indices: torch.Tensor, col_indices: torch.Tensor, grad_out: t
     check_csr_indices(op, ("crow_indices", crow_indices), ("col_indices", col_indices), g)
     check_csr_matrix(op, g, g)
     check_csr_matrix(op, d, g)
-    _same_dtype(op, g, d)
+    same_dtype(op, g, d)
     m = crow_indices.numel() - 1
     check(grad_out.shape[0] == m, op, f"grad_out must have crow_indices.numel() - 1 = {m} rows, got {grad_out.shape[0]}")
     check(grad_out.shape[1] == dense.shape[1], op,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, _dtype_name, check, check_elementwise
+from meta_kernels._checks import FLOAT_DTYPES, _dtype_name, check, check_elementwise, dtype_in, same_device
 
 _REDUCED = (torch.float16, torch.bfloat16)
 
@@ -19,21 +19,12 @@ def stat_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def check_norm_input(op: str, input: torch.Tensor, weight: torch.Tensor | None) -> None:
     check(input.dim() >= 1, op, "input must have at least 1 dimension, got a 0-dim tensor")
-    check(
-        input.dtype in FLOAT_DTYPES,
-        op,
-        f"input has unsupported dtype {_dtype_name(input.dtype)}; "
-        f"supported: {', '.join(_dtype_name(d) for d in FLOAT_DTYPES)}",
-    )
+    dtype_in(op, ("input", input), FLOAT_DTYPES)
     n = input.shape[-1]
     check(n >= 1, op, f"input's last dimension (the normalised one) must be at least 1, got shape {list(input.shape)}")
     if weight is None:
         return
-    check(
-        input.device == weight.device,
-        op,
-        f"input and weight must be on the same device, got {input.device} and {weight.device}",
-    )
+    same_device(op, ("input", input), ("weight", weight))
     check(
         weight.dim() == 1 and weight.shape[0] == n,
         op,
@@ -74,7 +65,7 @@ def _rms_norm_backward(
     op = "_rms_norm_backward"
     check_norm_input(op, input, weight)
     check_elementwise(op, [("input", input), ("grad_out", grad_out)], FLOAT_DTYPES)
-    check(input.device == rstd.device, op, f"input and rstd must be on the same device, got {input.device} and {rstd.device}")
+    same_device(op, ("input", input), ("rstd", rstd))
     leading = list(input.shape[:-1])
     want = stat_dtype(input.dtype)
     check(
