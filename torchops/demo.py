@@ -139,19 +139,35 @@ def vector_add_autograd(device: torch.device) -> str:
     return "grads == torch.add's; gradcheck (f64) passes"
 
 
-def _train(model: Callable[[Tensor], Tensor], params: list[nn.Parameter], device: torch.device) -> list[float]:
-    gen = torch.Generator().manual_seed(SEED)  # same data for the eager and the compiled run
-    opt = torch.optim.SGD(params, lr=0.05)
+def _sgd_losses(loss: Callable[[], Tensor], params: list[nn.Parameter], lr: float) -> list[float]:
+    """SGD_STEPS steps of SGD on `loss()` (evaluated afresh each step); the losses."""
+    opt = torch.optim.SGD(params, lr=lr)
     losses = []
     for _ in range(SGD_STEPS):
+        value = loss()
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        losses.append(value.item())
+    return losses
+
+
+def _train(model: Callable[[Tensor], Tensor], params: list[nn.Parameter], device: torch.device) -> list[float]:
+    gen = torch.Generator().manual_seed(SEED)  # same data for the eager and the compiled run
+
+    def loss() -> Tensor:
         x = torch.randn(BATCHES[0], DIM, generator=gen).to(device)
         target = torch.randn(BATCHES[0], DIM, generator=gen).to(device)
-        loss = F.mse_loss(model(x), target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+        return F.mse_loss(model(x), target)
+
+    return _sgd_losses(loss, params, lr=0.05)
+
+
+def _assert_trained_alike(reference_losses: list[float], losses: list[float], reference: nn.Module,
+                          twin: nn.Module) -> None:
+    torch.testing.assert_close(losses, reference_losses, **MODEL_TOL)
+    for p_twin, p_ref in zip(twin.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p_twin, p_ref, **MODEL_TOL)
 
 
 def _compiled_trains_like(reference: nn.Module, twin: nn.Module, device: torch.device) -> None:
@@ -161,9 +177,7 @@ def _compiled_trains_like(reference: nn.Module, twin: nn.Module, device: torch.d
     _check_model(compiled, reference, device)
     reference_losses = _train(reference, list(reference.parameters()), device)
     compiled_losses = _train(compiled, list(twin.parameters()), device)
-    torch.testing.assert_close(compiled_losses, reference_losses, **MODEL_TOL)
-    for p_compiled, p_ref in zip(twin.parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(p_compiled, p_ref, **MODEL_TOL)
+    _assert_trained_alike(reference_losses, compiled_losses, reference, twin)
 
 
 def model_compile(device: torch.device) -> str:
@@ -317,15 +331,7 @@ def _train_gcn(model: Callable[..., Tensor], params: list[nn.Parameter], device:
     gen = torch.Generator().manual_seed(SEED)
     x = torch.randn(GCN_NODES, GCN_FEATURES, generator=gen).to(device)
     labels = torch.randint(0, GCN_CLASSES, (GCN_NODES,), generator=gen).to(device)
-    opt = torch.optim.SGD(params, lr=0.5)
-    losses = []
-    for _ in range(SGD_STEPS):
-        loss = F.cross_entropy(model(crow, col, values, x), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return _sgd_losses(lambda: F.cross_entropy(model(crow, col, values, x), labels), params, lr=0.5)
 
 
 def gcn_compile(device: torch.device) -> str:
@@ -336,9 +342,7 @@ def gcn_compile(device: torch.device) -> str:
     compiled = torch.compile(twin, fullgraph=True)
     eager_losses = _train_gcn(eager, list(eager.parameters()), device)
     compiled_losses = _train_gcn(compiled, list(twin.parameters()), device)
-    torch.testing.assert_close(compiled_losses, eager_losses, **MODEL_TOL)
-    for p_compiled, p_eager in zip(twin.parameters(), eager.parameters(), strict=True):
-        torch.testing.assert_close(p_compiled, p_eager, **MODEL_TOL)
+    _assert_trained_alike(eager_losses, compiled_losses, eager, twin)
     if not eager_losses[-1] < eager_losses[0]:
         raise AssertionError(f"GCN loss did not decrease: {eager_losses}")
     return f"2-layer GCN, {GCN_NODES} nodes; {SGD_STEPS} SGD steps under torch.compile(fullgraph) match eager"
