@@ -73,7 +73,7 @@ NormRows norm_rows(const at::Tensor& t) {
 
 at::Tensor dense_weight(const std::optional<at::Tensor>& weight) {
   if (!weight.has_value() || !weight->defined()) return at::Tensor();
-  return weight->is_contiguous() ? *weight : weight->contiguous();
+  return weight->contiguous();
 }
 
 }  // namespace torchops

@@ -297,7 +297,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_
 
   const NormRows x = norm_rows(input);
   const NormRows dy = norm_rows(grad_out);
-  const at::Tensor r = rstd.is_contiguous() ? rstd : rstd.contiguous();
+  const at::Tensor r = rstd.contiguous();
   const int64_t rows = x.rows, n = x.cols;
 
   dispatch_norm_types(input.scalar_type(), w, [&](auto t_tag, auto w_tag) {

@@ -487,7 +487,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad
     return {grad_input, grad_weight};
   }
   const NormRows dy = norm_rows(grad_out);
-  const at::Tensor r = rstd.is_contiguous() ? rstd : rstd.contiguous();
+  const at::Tensor r = rstd.contiguous();
   dispatch_norm_types(input.scalar_type(), w, [&](auto t_tag, auto w_tag) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
