@@ -156,108 +156,141 @@ __global__ void __launch_bounds__(kBlockPerRow ? kForwardMaxThreads : kWarpSize 
 
 // ---------------------------------------------------------------------------------------- backward
 
+// sum over a chunk of (dy * w) * x (w = 1 when !scale_by_w).
+template <typename A, typename T, typename W, int kC>
+__device__ __forceinline__ A dot_dyw_x(const AlignedVector<T, kC>& xv, const AlignedVector<T, kC>& gv,
+                                       const AlignedVector<W, kC>& wv, bool scale_by_w) {
+  A s = 0;
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    const A g = static_cast<A>(gv.val[e]);
+    s += (scale_by_w ? g * static_cast<A>(wv.val[e]) : g) * static_cast<A>(xv.val[e]);
+  }
+  return s;
+}
+
+// dx of a chunk: rstd * (dy * w) - c3 * x, with c3 = rstd^3 / N * sum((dy * w) * x).
+template <typename T, typename W, int kC, typename A>
+__device__ __forceinline__ AlignedVector<T, kC> input_grad(const AlignedVector<T, kC>& xv,
+                                                           const AlignedVector<T, kC>& gv,
+                                                           const AlignedVector<W, kC>& wv, bool scale_by_w, A r,
+                                                           A c3) {
+  AlignedVector<T, kC> out;
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    const A g = static_cast<A>(gv.val[e]);
+    out.val[e] = static_cast<T>(r * (scale_by_w ? g * static_cast<A>(wv.val[e]) : g) - c3 * static_cast<A>(xv.val[e]));
+  }
+  return out;
+}
+
+// acc[e * n_chunks + c] += dy * x * rstd for the chunk's elements. The kC shared-memory loads are issued
+// before any store: written as kC read-modify-writes, the compiler (unable to tell the addresses apart)
+// serialized them, a shared-memory round trip per element.
+template <typename A, typename T, int kC>
+__device__ __forceinline__ void accumulate_dw(A* acc, int n_chunks, int c, const AlignedVector<T, kC>& xv,
+                                              const AlignedVector<T, kC>& gv, A r) {
+  A sums[kC];
+#pragma unroll
+  for (int e = 0; e < kC; ++e) sums[e] = acc[e * n_chunks + c];
+#pragma unroll
+  for (int e = 0; e < kC; ++e) acc[e * n_chunks + c] = sums[e] + static_cast<A>(gv.val[e]) * static_cast<A>(xv.val[e]) * r;
+}
+
 // Block b takes rows [b * rows_per_block, (b + 1) * rows_per_block); its processors take every
 // per_block()-th of them. dx may be null (not requested). dw_partial ([gridDim.x, n], or null when dweight
 // is not wanted here) receives the block's sum of dy * x * rstd over its rows: each processor accumulates
 // into its own shared-memory row (`procs x n` values of A, dynamic), summed in processor order at the end.
+// That row is stored element-major (element e of chunk c at e * n_chunks + c): a thread owns whole chunks,
+// so chunk-major order put a warp's lanes kC values apart, an 8-way bank conflict for bf16 vectors.
 template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow>
 __global__ void __launch_bounds__(kBlockPerRow ? kBackwardMaxThreads : kWarpSize * kWarpsPerBlock)
     rms_norm_backward_kernel(const T* __restrict__ dy, int64_t dy_row_stride, const T* __restrict__ x,
                              int64_t x_row_stride, const W* __restrict__ weight,
                              const opmath_t<T>* __restrict__ rstd, T* __restrict__ dx,
-                             opmath_t<T>* __restrict__ dw_partial, int64_t rows, int64_t n, int64_t rows_per_block) {
+                             opmath_t<T>* __restrict__ dw_partial, int64_t rows, int n, int64_t rows_per_block) {
   using A = opmath_t<T>;
   using P = Processor<kBlockPerRow>;
   using Chunk = AlignedVector<T, kC>;
+  using WChunk = AlignedVector<W, kC>;
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ A scratch[kWarpSize];
   A* dw_acc = reinterpret_cast<A*>(dynamic_smem);
-  A* my_acc = dw_acc + static_cast<int64_t>(P::in_block()) * n;
-  const bool want_dw = dw_partial != nullptr;  // uniform over the grid
+  A* my_acc = dw_acc + P::in_block() * n;
+  const bool want_dw = dw_partial != nullptr;                     // uniform over the grid
+  const bool scale_by_w = dx != nullptr && weight != nullptr;  // the weight enters dx only
   const int procs = P::per_block();
   if (want_dw) {
-    for (int64_t i = threadIdx.x; i < static_cast<int64_t>(procs) * n; i += blockDim.x) dw_acc[i] = A(0);
+    for (int i = threadIdx.x; i < procs * n; i += blockDim.x) dw_acc[i] = A(0);  // fits: shared memory
     __syncthreads();
   }
 
   const int tid = P::tid(), threads = P::threads();
-  const int64_t n_chunks = n / kC;
+  const int n_chunks = n / kC;  // 32-bit column math: n < 2^31 (checked at launch), fewer registers
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
   for (int64_t row = begin + P::in_block(); row < end; row += procs) {  // uniform over the processor
     const T* dyr = dy + row * dy_row_stride;
     const T* xr = x + row * x_row_stride;
     const A r = rstd[row];
+    // Every load of the row's cached part (x, dy and the weight) is issued before any of them is used, and
+    // the flags are tested per row, not per element: the first version loaded each slot's weight after
+    // the previous slot's arithmetic and branched per element, and ran at ~57% of copy for bf16.
     Chunk xc[kSlots], gc[kSlots];
-    A s = 0;  // sum over the row of (dy * w) * x, needed for dx only
+    WChunk wc[kSlots];  // loaded and read only when scale_by_w (the ?: in the helpers)
 #pragma unroll
     for (int k = 0; k < kSlots; ++k) {
-      const int64_t c = tid + static_cast<int64_t>(k) * threads;
+      const int c = tid + k * threads;
       if (c < n_chunks) {
         xc[k] = load_vector<T, kC>(xr, c);
         gc[k] = load_vector<T, kC>(dyr, c);
+        if (scale_by_w) wc[k] = load_vector<W, kC>(weight, c);
       }
     }
+    A s = 0;  // sum over the row of (dy * w) * x, needed for dx only
     if (dx != nullptr) {
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {
-        const int64_t c = tid + static_cast<int64_t>(k) * threads;
-        if (c < n_chunks) {
-          if (weight != nullptr) {
-            const auto w = load_vector<W, kC>(weight, c);
-#pragma unroll
-            for (int e = 0; e < kC; ++e)
-              s += static_cast<A>(gc[k].val[e]) * static_cast<A>(w.val[e]) * static_cast<A>(xc[k].val[e]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < kC; ++e) s += static_cast<A>(gc[k].val[e]) * static_cast<A>(xc[k].val[e]);
-          }
-        }
+        if (tid + k * threads < n_chunks) s += dot_dyw_x<A>(xc[k], gc[k], wc[k], scale_by_w);
       }
-      for (int64_t c = tid + static_cast<int64_t>(kSlots) * threads; c < n_chunks; c += threads) {
-        const Chunk xv = load_vector<T, kC>(xr, c), gv = load_vector<T, kC>(dyr, c);
-#pragma unroll
-        for (int e = 0; e < kC; ++e) {
-          const A wv = weight != nullptr ? static_cast<A>(weight[c * kC + e]) : A(1);
-          s += static_cast<A>(gv.val[e]) * wv * static_cast<A>(xv.val[e]);
-        }
+      for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
+        const WChunk w = scale_by_w ? load_vector<W, kC>(weight, c) : WChunk{};
+        s += dot_dyw_x<A>(load_vector<T, kC>(xr, c), load_vector<T, kC>(dyr, c), w, scale_by_w);
       }
       s = row_sum<kBlockPerRow>(s, scratch);
-    }
-    const A c3 = r * r * r * s / static_cast<A>(n);
-    T* dxr = dx != nullptr ? dx + row * n : nullptr;
-    // dx = rstd * (dy * w) - x * rstd^3 / N * s;  dweight += dy * x * rstd.
-    auto finish = [&](const Chunk& xv, const Chunk& gv, int64_t c) {
-      Chunk out;
-      AlignedVector<W, kC> w;
-      if (dxr != nullptr && weight != nullptr) w = load_vector<W, kC>(weight, c);
+      // dx = rstd * (dy * w) - x * rstd^3 / N * s
+      const A c3 = r * r * r * s / static_cast<A>(n);
+      T* dxr = dx + row * n;
 #pragma unroll
-      for (int e = 0; e < kC; ++e) {
-        const A d = static_cast<A>(gv.val[e]), xe = static_cast<A>(xv.val[e]);
-        if (dxr != nullptr) {
-          const A g = weight != nullptr ? d * static_cast<A>(w.val[e]) : d;
-          out.val[e] = static_cast<T>(r * g - c3 * xe);
-        }
-        if (want_dw) my_acc[c * kC + e] += d * xe * r;
+      for (int k = 0; k < kSlots; ++k) {
+        const int c = tid + k * threads;
+        if (c < n_chunks) store_vector<T, kC>(dxr, c, input_grad(xc[k], gc[k], wc[k], scale_by_w, r, c3));
       }
-      if (dxr != nullptr) store_vector<T, kC>(dxr, c, out);
-    };
-#pragma unroll
-    for (int k = 0; k < kSlots; ++k) {
-      const int64_t c = tid + static_cast<int64_t>(k) * threads;
-      if (c < n_chunks) finish(xc[k], gc[k], c);
+      for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
+        const WChunk w = scale_by_w ? load_vector<W, kC>(weight, c) : WChunk{};
+        store_vector<T, kC>(dxr, c, input_grad(load_vector<T, kC>(xr, c), load_vector<T, kC>(dyr, c), w, scale_by_w,
+                                               r, c3));
+      }
     }
-    for (int64_t c = tid + static_cast<int64_t>(kSlots) * threads; c < n_chunks; c += threads) {
-      finish(load_vector<T, kC>(xr, c), load_vector<T, kC>(dyr, c), c);
+    if (want_dw) {  // dweight += dy * x * rstd, element-major (see above): lanes hit consecutive banks
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {
+        const int c = tid + k * threads;
+        if (c < n_chunks) accumulate_dw(my_acc, n_chunks, c, xc[k], gc[k], r);
+      }
+      for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
+        accumulate_dw(my_acc, n_chunks, c, load_vector<T, kC>(xr, c), load_vector<T, kC>(dyr, c), r);
+      }
     }
   }
 
   if (want_dw) {
     __syncthreads();
     A* out = dw_partial + static_cast<int64_t>(blockIdx.x) * n;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      A v = dw_acc[i];
-      for (int p = 1; p < procs; ++p) v += dw_acc[static_cast<int64_t>(p) * n + i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int at = (i % kC) * n_chunks + i / kC;  // column i in the element-major accumulator
+      A v = dw_acc[at];
+      for (int p = 1; p < procs; ++p) v += dw_acc[p * n + at];
       out[i] = v;
     }
   }
@@ -417,6 +450,8 @@ void launch_backward(const NormRows& dy, const NormRows& x, const W* w, const op
                      const at::Tensor& grad_weight, int device, cudaStream_t stream) {
   using A = opmath_t<T>;
   const int64_t rows = x.rows, n = x.cols;
+  TORCH_CHECK(n <= INT32_MAX, "_rms_norm_backward: rows of more than 2^31 - 1 elements are not supported on CUDA, got ",
+              n);
   const RowConfig cfg = row_config<T, kC>(n, kBackwardMaxThreads);
   const int per_block = cfg.block_per_row ? 1 : cfg.threads / kWarpSize;
   const bool want_dw = grad_weight.defined();
@@ -450,7 +485,7 @@ void launch_backward(const NormRows& dy, const NormRows& x, const W* w, const op
     if (dx != nullptr || dw_in_smem) {
       kernel<<<static_cast<unsigned int>(blocks), cfg.threads, smem, stream>>>(
           dy.tensor.const_data_ptr<T>(), dy.row_stride, x.tensor.const_data_ptr<T>(), x.row_stride, w, rstd, dx,
-          dw_in_smem ? partial.mutable_data_ptr<A>() : nullptr, rows, n, rows_per_block);
+          dw_in_smem ? partial.mutable_data_ptr<A>() : nullptr, rows, static_cast<int>(n), rows_per_block);
       TORCHOPS_CUDA_LAUNCH_CHECK();
     }
     if (!want_dw) return;
