@@ -23,8 +23,11 @@ C10_HOST_DEVICE inline A sigmoid(A x) {
 #if defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<A, float>) {
     if constexpr (kFastExp) {
-      // 1 / (1 + e) with e = inf (x = -inf, or x < -88) gives 0: __fdividef returns 0 for |d| > 2^126.
-      return __fdividef(1.0f, 1.0f + __expf(-x));
+      // __fdividef(a, d) returns 0 for 2^126 < |d| < 2^128, where 1 / d is a subnormal that silu's
+      // x * sigmoid(x) turns back into a normal bf16 number (gate = -88: -5.3e-37); so numerator and
+      // denominator are scaled by 2^-64 (exact), which keeps every finite d below 2^64. d = inf
+      // (x < -88.72) still gives 0, as the accurate path's 1 / inf does.
+      return __fdividef(0x1p-64f, (1.0f + __expf(-x)) * 0x1p-64f);
     } else {
       // expf (2 ulp) rather than __expf, whose error grows with |x|: f32 outputs would show it.
       // __frcp_rn is the correctly rounded 1/x.
