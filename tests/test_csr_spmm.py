@@ -230,6 +230,22 @@ def test_cuda_power_law_rows(dtype: torch.dtype, n: int) -> None:
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_long_rows_take_column_tiles(dtype: torch.dtype) -> None:
+    # >= 32 nonzeros per row on average: wide N runs one vector per lane over several column tiles.
+    crow, col = power_law_csr(1000, 2000, 60000, device="cuda", long_len=20000, seed=10)
+    assert col.numel() >= 32 * 1000
+    values = torch.randn(col.numel(), device="cuda", dtype=dtype)
+    for n in (256, 512, 1100):
+        dense = torch.randn(2000, n, device="cuda", dtype=dtype)
+        got = torchops.csr_spmm(crow, col, values, dense)
+        expected = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), 2000) @ dense.cpu().double()
+        scale = float(expected.abs().max())
+        tol = 1e-3 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.cpu().double(), expected, rtol=tol, atol=tol * scale)
+
+
+@requires_cuda
 def test_cuda_forward_and_backward_are_deterministic() -> None:
     crow, col = power_law_csr(5000, 4000, 100000, device="cuda", long_len=30000, seed=7)
     values = torch.randn(col.numel(), device="cuda", requires_grad=True)
