@@ -194,7 +194,9 @@ __device__ __forceinline__ void accumulate_dw(A* acc, int n_chunks, int c, const
 #pragma unroll
   for (int e = 0; e < kC; ++e) sums[e] = acc[e * n_chunks + c];
 #pragma unroll
-  for (int e = 0; e < kC; ++e) acc[e * n_chunks + c] = sums[e] + static_cast<A>(gv.val[e]) * static_cast<A>(xv.val[e]) * r;
+  for (int e = 0; e < kC; ++e) {
+    acc[e * n_chunks + c] = sums[e] + static_cast<A>(gv.val[e]) * static_cast<A>(xv.val[e]) * r;
+  }
 }
 
 // Block b takes rows [b * rows_per_block, (b + 1) * rows_per_block); its processors take every
