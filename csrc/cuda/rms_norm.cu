@@ -452,8 +452,9 @@ void launch_backward(const NormRows& dy, const NormRows& x, const W* w, const op
                      const at::Tensor& grad_weight, int device, cudaStream_t stream) {
   using A = opmath_t<T>;
   const int64_t rows = x.rows, n = x.cols;
-  TORCH_CHECK(n <= INT32_MAX, "_rms_norm_backward: rows of more than 2^31 - 1 elements are not supported on CUDA, got ",
-              n);
+  // The kernel's column loops step a 32-bit index by up to kBackwardMaxThreads: it must not wrap.
+  TORCH_CHECK(n <= INT32_MAX - kBackwardMaxThreads,
+              "_rms_norm_backward: rows of more than 2^31 - 513 elements are not supported on CUDA, got ", n);
   const RowConfig cfg = row_config<T, kC>(n, kBackwardMaxThreads);
   const int per_block = cfg.block_per_row ? 1 : cfg.threads / kWarpSize;
   const bool want_dw = grad_weight.defined();
