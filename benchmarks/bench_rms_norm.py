@@ -21,6 +21,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-pla
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+import torch._functorch.config  # not loaded by `import torch` alone; set in bench() below
 import torch.nn.functional as F
 
 from benchmarks import harness as H
@@ -104,6 +105,7 @@ def bench(args: argparse.Namespace, copy_bps: float) -> list[H.Result]:
                             return torch.autograd.grad(fn(xg, wg), (xg, wg), dy)
                     times[name] = H.time_ms(run, args.device, quick=args.quick)
                     del run
+                    y = None  # the replayed graph holds the saved tensors: let free_memory reclaim them
                 for name, ms in times.items():
                     r = H.bandwidth_result(op=OP, case=case, dtype=dtype, shape=shape, numel=m * n, impl=name,
                                            device=args.device, ms=ms, nbytes=nbytes, copy_bps=copy_bps,
