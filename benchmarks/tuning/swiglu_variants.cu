@@ -17,14 +17,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                       \
-  do {                                                                 \
-    cudaError_t e = (x);                                               \
-    if (e != cudaSuccess) {                                            \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      exit(1);                                                         \
-    }                                                                  \
-  } while (0)
+#include "cuda_check.h"
 
 constexpr int kRows = 16384, kCols = 14336, kRowStride = 2 * kCols;
 constexpr int kVec = 8;                     // bf16 per 16-byte vector

@@ -10,14 +10,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e = (x);                                                      \
-    if (e != cudaSuccess) {                                                   \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));        \
-      exit(1);                                                                \
-    }                                                                         \
-  } while (0)
+#include "cuda_check.h"
 
 struct alignas(16) V16 {
   uint4 v;
