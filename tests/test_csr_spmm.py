@@ -213,36 +213,35 @@ def test_cuda_malformed_indices_do_not_crash(index_dtype, crow, col, k) -> None:
     torch.testing.assert_close(torchops.vector_add(x, x).cpu(), 2 * x.cpu())  # the context still works
 
 
+def assert_cuda_matches_f64(crow: torch.Tensor, col: torch.Tensor, k: int, n: int, dtype: torch.dtype) -> None:
+    """csr_spmm on CUDA against the float64 product on the CPU, for random values and dense (k x n)."""
+    values = torch.randn(col.numel(), device="cuda", dtype=dtype)
+    dense = torch.randn(k, n, device="cuda", dtype=dtype)
+    got = torchops.csr_spmm(crow, col, values, dense)
+    expected = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), k) @ dense.cpu().double()
+    tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float32 else TOL[dtype]
+    if dtype in (torch.bfloat16, torch.float16):  # sums of up to 20000 terms: compare relative to the scale
+        tol = dict(rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
+    torch.testing.assert_close(got.cpu().double(), expected, **tol)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("n", [4, 16, 32, 48, 64, 128, 256, 512, 33, 1100])  # every lane-group width
 def test_cuda_power_law_rows(dtype: torch.dtype, n: int) -> None:
     # A few rows of 20000 nonzeros among thousands of short ones: many work units share a row.
     crow, col = power_law_csr(3000, 2500, 30000, device="cuda", long_len=20000, seed=6)
-    values = torch.randn(col.numel(), device="cuda", dtype=dtype)
-    dense = torch.randn(2500, n, device="cuda", dtype=dtype)
-    got = torchops.csr_spmm(crow, col, values, dense)
-    expected = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), 2500) @ dense.cpu().double()
-    tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float32 else TOL[dtype]
-    if dtype in (torch.bfloat16, torch.float16):  # 20000-term sums: compare relative to the row scale
-        tol = dict(rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
-    torch.testing.assert_close(got.cpu().double(), expected, **tol)
+    assert_cuda_matches_f64(crow, col, 2500, n, dtype)
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_long_rows_take_column_tiles(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("n", [256, 512, 1024, 1100])  # f32: 2, 4, 8, 9 tiles; bf16: 1, 2, 4 tiles, and narrower vectors
+def test_cuda_long_rows_take_column_tiles(dtype: torch.dtype, n: int) -> None:
     # >= 32 nonzeros per row on average: wide N runs one vector per lane over several column tiles.
     crow, col = power_law_csr(1000, 2000, 60000, device="cuda", long_len=20000, seed=10)
     assert col.numel() >= 32 * 1000
-    values = torch.randn(col.numel(), device="cuda", dtype=dtype)
-    for n in (256, 512, 1024, 1100):  # f32: 2, 4, 8, 9 tiles; bf16: 1, 2, 4 tiles, and 1100 on narrower vectors
-        dense = torch.randn(2000, n, device="cuda", dtype=dtype)
-        got = torchops.csr_spmm(crow, col, values, dense)
-        expected = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), 2000) @ dense.cpu().double()
-        scale = float(expected.abs().max())
-        tol = 1e-3 if dtype == torch.float32 else 2e-2
-        torch.testing.assert_close(got.cpu().double(), expected, rtol=tol, atol=tol * scale)
+    assert_cuda_matches_f64(crow, col, 2000, n, dtype)
 
 
 @requires_cuda
