@@ -27,9 +27,14 @@ struct MergeCoord {
   int64_t nz;   // nonzeros [0, nz) are consumed; row + nz == the diagonal searched
 };
 
+// A crow value as read (unvalidated), clamped to [0, nnz].
+__device__ __forceinline__ int64_t clamp_offset(int64_t offset, int64_t nnz) {
+  return ::min(::max(offset, int64_t{0}), nnz);
+}
+
 template <typename Index>
 __device__ __forceinline__ int64_t clamped_offset(const Index* crow, int64_t i, int64_t nnz) {
-  return ::min(::max(static_cast<int64_t>(crow[i]), int64_t{0}), nnz);
+  return clamp_offset(crow[i], nnz);
 }
 
 // Coordinates of diagonals d0 and d1 (two independent searches interleaved, so their loads overlap).
@@ -55,7 +60,7 @@ __device__ __forceinline__ void merge_path_search(const Index* crow, int64_t M, 
 // The end (exclusive) of the nonzeros of a row that ends inside a unit ending at `end`, given the row's
 // crow[r + 1] (as read: unvalidated): clamped to [0, nnz], never before the cursor `j`, never past the unit.
 __device__ __forceinline__ int64_t row_end_in_unit(int64_t crow_next, int64_t j, MergeCoord end, int64_t nnz) {
-  return ::min(::max(::min(::max(crow_next, int64_t{0}), nnz), j), end.nz);
+  return ::min(::max(clamp_offset(crow_next, nnz), j), end.nz);
 }
 
 // The end (exclusive) of row r's nonzeros inside a unit that ends at `end`, never before the cursor `j`:
