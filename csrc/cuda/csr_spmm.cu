@@ -5,10 +5,10 @@
 // Inside a unit:
 //   - the unit's nonzeros stream through a 32-entry window: lane l loads (col, val) of nonzero w + l
 //     (coalesced), and shuffles hand them to the lanes that gather the dense rows;
-//   - the columns: a group of G lanes owns C vectors of V columns each (V up to 16 bytes: float4 for f32,
-//     8 x bf16). Narrow N uses small groups, so the warp takes 32 / G nonzeros at once (N = 32 f32: 8
-//     lanes of float4, 4 nonzeros at once); wide N uses whole warps with up to 4 vectors per lane
-//     (N = 512 f32: 4 float4 per lane); wider still runs more column tiles (grid.y);
+//   - the columns: a group of G lanes owns one vector of V columns per lane (V up to 16 bytes: float4 for
+//     f32, 8 x bf16). Narrow N uses small groups, so the warp takes 32 / G nonzeros at once (N = 32 f32: 8
+//     lanes of float4, 4 nonzeros at once); wide N uses whole warps over column tiles of 32 V columns
+//     (grid.y: N = 512 f32 is 4 tiles of 128 columns);
 //   - kBatch nonzeros per group are gathered before they are accumulated, so several dense rows are in
 //     flight; row ends come 32 rows at a time through a second window (no load of its own per row);
 //   - rows that end inside the unit are stored; the unit's last row, which continues in the next unit(s),
@@ -66,29 +66,26 @@ __device__ __forceinline__ AlignedVector<T, V> zero_vector() {
 
 // Adds the partial sums of the warp's 32 / G lane groups (butterfly: every group ends with the same,
 // order-independent bits, as IEEE addition is commutative).
-template <int G, int C, int V, typename Acc>
-__device__ __forceinline__ void sum_over_groups(Acc (&acc)[C][V]) {
+template <int G, int V, typename Acc>
+__device__ __forceinline__ void sum_over_groups(Acc (&acc)[V]) {
 #pragma unroll
   for (int offset = G; offset < kWarpSize; offset <<= 1)
 #pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int e = 0; e < V; ++e) acc[c][e] += __shfl_xor_sync(kFullWarpMask, acc[c][e], offset);
+    for (int e = 0; e < V; ++e) acc[e] += __shfl_xor_sync(kFullWarpMask, acc[e], offset);
 }
 
-// G lanes per nonzero: a group of G lanes owns C vectors of V columns each, and the warp's 32 / G groups
-// take 32 / G consecutive nonzeros at once (G < 32 only with C = 1: narrow N, where one nonzero per warp
+// G lanes per nonzero: a group of G lanes spans one column tile of G vectors of V columns, and the warp's
+// 32 / G groups take 32 / G consecutive nonzeros at once (G < 32: narrow N, where one nonzero per warp
 // would leave most lanes idle and pay every shuffle and index computation per 32 V columns).
 // (Tried on the H200: gathering a whole chunk of nonzeros across row boundaries before accumulating
 // needed ~110 registers instead of ~60, and the lost occupancy made every graph 1.3-2x slower.)
-template <typename T, typename Index, int V, int C, int G>
+template <typename T, typename Index, int V, int G>
 __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, Index> a) {
   using acc_t = opmath_t<T>;
   using Vec = AlignedVector<T, V>;
   constexpr int kGroups = kWarpSize / G;
-  static_assert(kGroups == 1 || C == 1, "several nonzeros at once only with one vector per lane");
-  constexpr int kBatch = kGroups > 1 ? 2 : C >= 4 ? 2 : 4;  // nonzeros per group gathered before accumulating
-  constexpr int kStep = kGroups * kBatch;                   // nonzeros the warp consumes per step
+  constexpr int kBatch = kGroups > 1 ? 2 : 4;  // nonzeros per group gathered before accumulating
+  constexpr int kStep = kGroups * kBatch;      // nonzeros the warp consumes per step
   static_assert(kStep <= kWarpSize, "a step must fit the 32-entry window");
   const int lane = threadIdx.x % kWarpSize;
   const int group = lane / G;
@@ -103,18 +100,11 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
   if (blockIdx.y == 0 && lane == 0) a.carry_row[unit] = has_carry ? end.row : -1;
 
   for (int64_t tile = blockIdx.y; tile < a.column_tiles; tile += gridDim.y) {
-    int64_t cj[C];
-    bool cok[C];
+    const int64_t cj = (tile * G + lane % G) * V;  // this lane's first column
+    const bool cok = cj < a.N;                      // N % V == 0 whenever V > 1
+    acc_t acc[V];
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      cj[c] = (tile * C * G + c * G + lane % G) * V;
-      cok[c] = cj[c] < a.N;  // N % V == 0 whenever V > 1
-    }
-    acc_t acc[C][V];
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int e = 0; e < V; ++e) acc[c][e] = acc_t(0);
+    for (int e = 0; e < V; ++e) acc[e] = acc_t(0);
 
     int64_t j = start.nz;               // next nonzero to consume
     int64_t wbase = j - kWarpSize;      // nonzero window [wbase, wbase + 32): empty so far
@@ -142,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
         const int ke = static_cast<int>(::min(re - wbase, int64_t{kWarpSize}));
         for (int k = kb; k < ke; k += kStep) {
           acc_t w[kBatch];
-          Vec x[kBatch][C];
+          Vec x[kBatch];
 #pragma unroll
           for (int u = 0; u < kBatch; ++u) {
             const int kk = k + u * kGroups + group;
@@ -151,17 +141,12 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
             const bool ok = kk < ke && c >= 0 && static_cast<int64_t>(c) < a.K;  // the same across a group
             w[u] = ok ? v : acc_t(0);
             const T* drow = a.dense + (ok ? static_cast<int64_t>(c) : 0) * a.ld;
-#pragma unroll
-            for (int cc = 0; cc < C; ++cc) {
-              x[u][cc] = ok && cok[cc] ? load_vector<T, V>(drow + cj[cc], 0) : zero_vector<T, V>();
-            }
+            x[u] = ok && cok ? load_vector<T, V>(drow + cj, 0) : zero_vector<T, V>();
           }
 #pragma unroll
           for (int u = 0; u < kBatch; ++u)
 #pragma unroll
-            for (int cc = 0; cc < C; ++cc)
-#pragma unroll
-              for (int e = 0; e < V; ++e) acc[cc][e] += w[u] * static_cast<acc_t>(x[u][cc].val[e]);
+            for (int e = 0; e < V; ++e) acc[e] += w[u] * static_cast<acc_t>(x[u].val[e]);
         }
         j = wbase + ke;
       }
@@ -172,35 +157,27 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
           // Ends here but began in an earlier unit (which carries it): the carry kernel stores the f32 sum.
           acc_t* hrow = a.head + unit * a.N;
 #pragma unroll
-          for (int cc = 0; cc < C; ++cc)
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-              if (writer && cok[cc]) hrow[cj[cc] + e] = acc[cc][e];
-              acc[cc][e] = acc_t(0);
-            }
-        } else {  // row r ends in this unit
-          T* orow = a.out + r * a.N;
-#pragma unroll
-          for (int cc = 0; cc < C; ++cc) {
-            Vec o;
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-              o.val[e] = static_cast<T>(acc[cc][e]);
-              acc[cc][e] = acc_t(0);
-            }
-            if (writer && cok[cc]) store_vector<T, V>(orow + cj[cc], 0, o);
+          for (int e = 0; e < V; ++e) {
+            if (writer && cok) hrow[cj + e] = acc[e];
+            acc[e] = acc_t(0);
           }
+        } else {  // row r ends in this unit
+          Vec o;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            o.val[e] = static_cast<T>(acc[e]);
+            acc[e] = acc_t(0);
+          }
+          if (writer && cok) store_vector<T, V>(a.out + r * a.N + cj, 0, o);
         }
       }
     }
     if (has_carry) {
       sum_over_groups<G>(acc);
       acc_t* crow_out = a.carry + unit * a.N;
+      if (group == 0 && cok)
 #pragma unroll
-      for (int cc = 0; cc < C; ++cc)
-        if (group == 0 && cok[cc])
-#pragma unroll
-          for (int e = 0; e < V; ++e) crow_out[cj[cc] + e] = acc[cc][e];
+        for (int e = 0; e < V; ++e) crow_out[cj + e] = acc[e];
     }
   }
 }
@@ -251,39 +228,31 @@ __global__ void __launch_bounds__(kCarryThreads) csr_spmm_carry_kernel(const Spm
   }
 }
 
-template <typename T, typename Index, int V, int C, int G>
+template <typename T, typename Index, int V, int G>
 void launch_config(const SpmmArgs<T, Index>& a, cudaStream_t stream) {
   const dim3 grid(blocks_to_cover(a.units, kWarpsPerBlock),
                   static_cast<unsigned int>(std::min<int64_t>(a.column_tiles, 65535)));
-  csr_spmm_kernel<T, Index, V, C, G><<<grid, kThreads, 0, stream>>>(a);
+  csr_spmm_kernel<T, Index, V, G><<<grid, kThreads, 0, stream>>>(a);
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
-// The instantiated (V, C, G): V elements per access (16 bytes when N, the row stride and the base
-// pointer allow it); with 16-byte vectors either the smallest group of G >= 4 lanes that spans N
-// (C = 1), or whole warps with C = 1, 2 or 4 vectors per lane (at most 16 accumulators per lane);
-// narrower vectors (odd N, misaligned views) take whole warps, C = 1.
-constexpr int64_t kLongRowNonzeros = 32;  // average nonzeros per row from which wide N is tiled (C = 1)
-
+// The instantiated (V, G): V elements per access (16 bytes when N, the row stride and the base pointer allow
+// it); with 16-byte vectors the smallest group of G >= 4 lanes that spans N, at most a warp; narrower vectors
+// (odd N, misaligned views) take whole warps. Wider N runs more column tiles (grid.y) rather than several
+// vectors per lane: fewer registers (more warps in flight), and each tile's units gather only the tile's
+// slice of `dense`, more of which stays in L2 while they run. On the H200 (f32, against up to 4 vectors per
+// lane) this took proteins-like at N = 256 / 512 from 0.77 / 0.81x cuSPARSE to 0.98 / 0.99x, reddit-like
+// from 0.89 / 0.91x to 1.05 / 1.10x and arxiv-like from 0.81 / 0.92x to 0.95 / 0.99x.
 template <typename T, typename Index>
 void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream_t stream) {
   constexpr int kMaxV = 16 / static_cast<int>(sizeof(T));
-  constexpr int kMaxC = std::max(1, std::min(4, 16 / kMaxV));
-  int c = 1, g = kWarpSize;
+  int g = kWarpSize;
   if (v == kMaxV) {
     const int64_t vectors = (a.N + v - 1) / v;  // per row
     g = 4;
     while (g < kWarpSize && g < vectors) g *= 2;
-    const int64_t wanted = (vectors + kWarpSize - 1) / kWarpSize;
-    c = wanted >= 4 && kMaxC >= 4 ? 4 : wanted >= 2 ? 2 : 1;
-    // Long rows (the gathers dominate): one vector per lane and more column tiles instead. Fewer
-    // registers (more warps in flight), and each tile's slice of dense is smaller, so more of it stays in
-    // L2 while the tile's units run. On the H200 this took proteins-like (300 nonzeros per row) at
-    // N = 256 / 512 from 0.77 / 0.81x cuSPARSE to 0.98 / 0.99x, and reddit-like (490) from 0.89 / 0.91x
-    // to 1.05 / 1.10x. Short rows (arxiv-like, 7) keep the wide tiles: per-row costs are paid once per tile.
-    if (a.nnz >= kLongRowNonzeros * a.M) c = 1;
   }
-  a.column_tiles = (a.N + int64_t{g} * v * c - 1) / (int64_t{g} * v * c);
+  a.column_tiles = (a.N + int64_t{g} * v - 1) / (int64_t{g} * v);
   const auto part = merge_partition(a.M, a.nnz, a.column_tiles, like.get_device());
   a.per_unit = part.per_unit;
   a.units = part.units;
@@ -301,25 +270,21 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
   }
 
   if (v == kMaxV) {
-    if (c == 4) {
-      if constexpr (kMaxC >= 4) launch_config<T, Index, kMaxV, 4, kWarpSize>(a, stream);
-    } else if (c == 2) {
-      launch_config<T, Index, kMaxV, 2, kWarpSize>(a, stream);
-    } else if (g == 4) {
-      launch_config<T, Index, kMaxV, 1, 4>(a, stream);
+    if (g == 4) {
+      launch_config<T, Index, kMaxV, 4>(a, stream);
     } else if (g == 8) {
-      launch_config<T, Index, kMaxV, 1, 8>(a, stream);
+      launch_config<T, Index, kMaxV, 8>(a, stream);
     } else if (g == 16) {
-      launch_config<T, Index, kMaxV, 1, 16>(a, stream);
+      launch_config<T, Index, kMaxV, 16>(a, stream);
     } else {
-      launch_config<T, Index, kMaxV, 1, kWarpSize>(a, stream);
+      launch_config<T, Index, kMaxV, kWarpSize>(a, stream);
     }
   } else if (v == 1) {
-    launch_config<T, Index, 1, 1, kWarpSize>(a, stream);
+    launch_config<T, Index, 1, kWarpSize>(a, stream);
   } else if (v == 2) {
-    if constexpr (kMaxV > 2) launch_config<T, Index, 2, 1, kWarpSize>(a, stream);
+    if constexpr (kMaxV > 2) launch_config<T, Index, 2, kWarpSize>(a, stream);
   } else if (v == 4) {
-    if constexpr (kMaxV > 4) launch_config<T, Index, 4, 1, kWarpSize>(a, stream);
+    if constexpr (kMaxV > 4) launch_config<T, Index, 4, kWarpSize>(a, stream);
   }
   const dim3 carry_grid(blocks_to_cover(a.units, 1),
                         static_cast<unsigned int>(std::min<int64_t>((a.N + kCarryWidth - 1) / kCarryWidth, 65535)));
