@@ -6,8 +6,9 @@
 //   nvcc -O3 -arch=sm_90 -o /tmp/swiglu_variants benchmarks/tuning/swiglu_variants.cu && /tmp/swiglu_variants
 // Prints, per variant, the median of 30 timed runs and % of copy, counting each operand read or written once.
 // Each variant's outputs are compared bit for bit with the first variant's (same math).
-// Status: written (and compiled for sm_90) after the 2026-11-30 sessions' device time was spent; not run
-// yet, so no number in RESULTS.md comes from it.
+// Run on the H200 on 2026-11-30 (RESULTS.md, "swiglu — launch shape"): every variant within 101-102% of copy
+// except evict-first loads (96%), contiguous vectors per thread (63-82%) and accurate math (88.5%); one
+// vector per thread was the best launch shape, which led to the shipped kernel's kRowsUnroll = 1.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
