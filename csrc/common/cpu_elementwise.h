@@ -5,9 +5,10 @@
 //
 // An Op is a struct with kIn, kOut and a scalar `operator()(const A (&x)[kIn], A (&y)[kOut])` on the
 // op-math type A (activations.h); on x86-64 it also has
-//   template <typename T> TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], __m256 (&y)[kOut]);
-// (T: the storage type the lanes were loaded from), used for f32/f16/bf16 when the processor has
-// AVX2+FMA+F16C. f64 (and other processors) run the scalar operator(), in f64.
+//   template <typename T>
+//   TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], const Lanes8<T> (&src)[kIn], __m256 (&y)[kOut]);
+// (T: the storage type the lanes were loaded from, src: where from, for ops that want the stored bits),
+// used for f32/f16/bf16 when the processor has AVX2+FMA+F16C. f64 (and other processors) run the scalar operator(), in f64.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -55,28 +56,38 @@ TORCHOPS_TARGET_AVX2 void avx2_run(const Run<T, Op::kIn, Op::kOut>& r, int64_t n
   for (int k = 0; k < kIn; ++k) dense = dense && r.in_stride[k] == 1;
   for (int k = 0; k < kOut; ++k) dense = dense && r.out_stride[k] == 1;
   __m256 x[kIn], y[kOut];
+  Lanes8<T> src[kIn];
   int64_t j = 0;
   if (dense) {
     for (; j + 8 <= n; j += 8) {
-      for (int k = 0; k < kIn; ++k) x[k] = load8_as_float(r.in[k] + j);
-      Op::template vec8<T>(x, y);
+      for (int k = 0; k < kIn; ++k) {
+        src[k] = {r.in[k] + j, 1};
+        x[k] = load8_as_float(src[k].p);
+      }
+      Op::template vec8<T>(x, src, y);
       for (int k = 0; k < kOut; ++k) store8_from_float(r.out[k] + j, y[k]);
     }
   } else {
     for (; j + 8 <= n; j += 8) {
-      for (int k = 0; k < kIn; ++k) x[k] = gather8_as_float(r.in[k] + j * r.in_stride[k], r.in_stride[k]);
-      Op::template vec8<T>(x, y);
+      for (int k = 0; k < kIn; ++k) {
+        src[k] = {r.in[k] + j * r.in_stride[k], r.in_stride[k]};
+        x[k] = gather8_as_float(src[k].p, src[k].s);
+      }
+      Op::template vec8<T>(x, src, y);
       for (int k = 0; k < kOut; ++k) scatter8_from_float(r.out[k] + j * r.out_stride[k], r.out_stride[k], y[k]);
     }
   }
   const int64_t rem = n - j;
   if (rem > 0) {
     alignas(32) float lanes[kIn > kOut ? kIn : kOut][8];
+    T stored[kIn][8];
     for (int k = 0; k < kIn; ++k) {
-      for (int e = 0; e < 8; ++e) lanes[k][e] = e < rem ? static_cast<float>(r.in[k][(j + e) * r.in_stride[k]]) : 0.0f;
+      for (int e = 0; e < 8; ++e) stored[k][e] = e < rem ? r.in[k][(j + e) * r.in_stride[k]] : T(0);
+      for (int e = 0; e < 8; ++e) lanes[k][e] = static_cast<float>(stored[k][e]);
       x[k] = _mm256_load_ps(lanes[k]);
+      src[k] = {stored[k], 1};
     }
-    Op::template vec8<T>(x, y);
+    Op::template vec8<T>(x, src, y);
     for (int k = 0; k < kOut; ++k) {
       _mm256_store_ps(lanes[k], y[k]);
       for (int e = 0; e < rem; ++e) r.out[k][(j + e) * r.out_stride[k]] = static_cast<T>(lanes[k][e]);

@@ -5,14 +5,44 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #ifdef __CUDACC__
 #include <ATen/cuda/EmptyTensor.h>
 #endif
 
 namespace torchops {
 
+// Asks Linux for transparent huge pages over the 2 MiB-aligned part of a large fresh CPU buffer. glibc
+// serves such a buffer with a new mmap on every call, so the kernel's first writes page-fault it in 4 KiB at
+// a time; with THP in "madvise" mode (the default here) the advice makes that 2 MiB at a time. Measured
+// on this project's 2-core machine: filling two fresh 59 MB f32 buffers took 28.7 ms, 15.4 ms advised.
+// (PyTorch's own allocator does the same for every tensor when THP_MEM_ALLOC_ENABLE=1 is set.) Advice
+// only: on failure, or on other systems, nothing changes.
+inline void advise_huge_pages(const at::Tensor& t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  constexpr size_t kMinBytes = size_t{4} << 20;  // below this a 2 MiB page would be more waste than gain
+  const size_t bytes = t.nbytes();
+  if (bytes < kMinBytes) return;
+  const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  const uintptr_t begin = (base + kHugePage - 1) & ~(kHugePage - 1), end = (base + bytes) & ~(kHugePage - 1);
+  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)t;
+#endif
+}
+
 inline at::Tensor empty_like_dense_cpu(const at::Tensor& like) {
-  return at::detail::empty_cpu(like.sizes(), like.scalar_type(), /*pin_memory=*/false, at::MemoryFormat::Contiguous);
+  at::Tensor out =
+      at::detail::empty_cpu(like.sizes(), like.scalar_type(), /*pin_memory=*/false, at::MemoryFormat::Contiguous);
+  advise_huge_pages(out);
+  return out;
 }
 
 #ifdef __CUDACC__

@@ -19,13 +19,14 @@ namespace {
 constexpr int64_t kGrainSize = 16384;
 
 // The ops of activations.h plus their 8-lane f32 forms, in the same order of operations.
-// T is the storage type the lanes were loaded from: 16-bit gates look their sigmoid up (cpu_avx2.h).
+// T is the storage type the lanes were loaded from: 16-bit gates look their sigmoid up by their stored bits
+// (src, cpu_avx2.h).
 struct SwigluForwardCpu : SwigluForward {
 #ifdef TORCHOPS_HAS_AVX2_PATH
   template <typename T>
-  TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], __m256 (&y)[kOut]) {
+  TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], const cpu::Lanes8<T> (&src)[kIn], __m256 (&y)[kOut]) {
     const __m256 gate = x[0], up = x[1];
-    y[0] = _mm256_mul_ps(_mm256_mul_ps(gate, cpu::sigmoid8_of<T>(gate)), up);
+    y[0] = _mm256_mul_ps(_mm256_mul_ps(gate, cpu::sigmoid8_of<T>(gate, src[0])), up);
   }
 #endif
 };
@@ -33,10 +34,10 @@ struct SwigluForwardCpu : SwigluForward {
 struct SwigluBackwardCpu : SwigluBackward {
 #ifdef TORCHOPS_HAS_AVX2_PATH
   template <typename T>
-  TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], __m256 (&y)[kOut]) {
+  TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], const cpu::Lanes8<T> (&src)[kIn], __m256 (&y)[kOut]) {
     const __m256 grad = x[0], gate = x[1], up = x[2];
     const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 s = cpu::sigmoid8_of<T>(gate);
+    const __m256 s = cpu::sigmoid8_of<T>(gate, src[1]);
     const __m256 dsilu = _mm256_mul_ps(s, _mm256_add_ps(one, _mm256_mul_ps(gate, _mm256_sub_ps(one, s))));
     y[0] = _mm256_mul_ps(_mm256_mul_ps(grad, up), dsilu);
     y[1] = _mm256_mul_ps(grad, _mm256_mul_ps(gate, s));
