@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, In
 // Adds the carries of each row that several units share: the first unit u of the run of units carrying
 // row r sums the run's carries in unit order and adds the part of the unit ending the row (the next one),
 // which that unit stored in out[r] (f32/f64) or left in head (16-bit). A run can be hundreds of units long
-// (a row of 10^4 nonzeros in units of ~64 items), so a block of kCarryThreads takes it: kCarryGroups
+// (a row of 10^4 nonzeros in units of ~200 items), so a block of kCarryThreads takes it: kCarryGroups
 // groups of kCarryWidth columns each sum every kCarryGroups-th carry, then one group adds the partial sums
 // in group order (a fixed order: deterministic). blockIdx.y steps over chunks of kCarryWidth columns.
 constexpr int kCarryThreads = 256;
