@@ -8,7 +8,8 @@
 //   template <typename T>
 //   TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], const Lanes8<T> (&src)[kIn], __m256 (&y)[kOut]);
 // (T: the storage type the lanes were loaded from, src: where from, for ops that want the stored bits),
-// used for f32/f16/bf16 when the processor has AVX2+FMA+F16C. f64 (and other processors) run the scalar operator(), in f64.
+// used for f32/f16/bf16 when the processor has AVX2+FMA+F16C. f64 (and other processors) run the scalar
+// operator(), in f64.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -47,8 +48,8 @@ void scalar_run(const Run<T, Op::kIn, Op::kOut>& r, int64_t n) {
 
 #ifdef TORCHOPS_HAS_AVX2_PATH
 // 8 lanes at a time: dense loads/stores when every stride is 1, lanes gathered/scattered otherwise. The
-// last n % 8 elements go through a zero-padded lane buffer, so every element gets the same vector math
-// whatever its position or layout.
+// last n % 8 elements go through a zero-padded buffer of stored values, so every element gets the same
+// conversion and vector math whatever its position or layout.
 template <typename T, typename Op>
 TORCHOPS_TARGET_AVX2 void avx2_run(const Run<T, Op::kIn, Op::kOut>& r, int64_t n) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
@@ -79,18 +80,17 @@ TORCHOPS_TARGET_AVX2 void avx2_run(const Run<T, Op::kIn, Op::kOut>& r, int64_t n
   }
   const int64_t rem = n - j;
   if (rem > 0) {
-    alignas(32) float lanes[kIn > kOut ? kIn : kOut][8];
     T stored[kIn][8];
     for (int k = 0; k < kIn; ++k) {
       for (int e = 0; e < 8; ++e) stored[k][e] = e < rem ? r.in[k][(j + e) * r.in_stride[k]] : T(0);
-      for (int e = 0; e < 8; ++e) lanes[k][e] = static_cast<float>(stored[k][e]);
-      x[k] = _mm256_load_ps(lanes[k]);
       src[k] = {stored[k], 1};
+      x[k] = load8_as_float(src[k].p);  // the dense path's conversion
     }
     Op::template vec8<T>(x, src, y);
     for (int k = 0; k < kOut; ++k) {
-      _mm256_store_ps(lanes[k], y[k]);
-      for (int e = 0; e < rem; ++e) r.out[k][(j + e) * r.out_stride[k]] = static_cast<T>(lanes[k][e]);
+      T results[8];
+      store8_from_float(results, y[k]);  // the dense path's conversion (f16 NaN payloads included)
+      for (int e = 0; e < rem; ++e) r.out[k][(j + e) * r.out_stride[k]] = results[e];
     }
   }
 }
