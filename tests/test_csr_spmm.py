@@ -238,7 +238,7 @@ def test_cuda_power_law_rows(dtype: torch.dtype, n: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [256, 512, 1024, 1100])  # f32: 2, 4, 8, 9 tiles; bf16: 1, 2, 4 tiles, and narrower vectors
 def test_cuda_long_rows_take_column_tiles(dtype: torch.dtype, n: int) -> None:
-    # >= 32 nonzeros per row on average: wide N runs one vector per lane over several column tiles.
+    # Long rows (>= 32 nonzeros per row on average) at wide N: each column tile's units split and carry them.
     crow, col = power_law_csr(1000, 2000, 60000, device="cuda", long_len=20000, seed=10)
     assert col.numel() >= 32 * 1000
     assert_cuda_matches_f64(crow, col, 2000, n, dtype)

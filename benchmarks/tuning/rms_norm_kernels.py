@@ -8,7 +8,7 @@ written; bwd = x and dy read + dx written (the weight, rstd and dweight are < 0.
 
     PYTHONPATH=$PWD python3 benchmarks/tuning/rms_norm_kernels.py
 """
-import sys, torch, triton
+import torch, triton
 import torchops
 print("torchops from", torchops.__file__, flush=True)
 src = torch.empty(1 << 29, dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)
