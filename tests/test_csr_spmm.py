@@ -245,6 +245,18 @@ def test_cuda_long_rows_take_column_tiles(dtype: torch.dtype, n: int) -> None:
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [128, 520])  # 520: the last column tile partly filled
+def test_cuda_long_rows_over_a_dense_larger_than_l2(dtype: torch.dtype, n: int) -> None:
+    # Rows of >= 128 nonzeros on average gathering from a `dense` whose 32-lane column tile (K rows of
+    # 512 bytes) is twice the L2: the forward narrows its lane groups, to 2..17 column tiles here.
+    k = torch.cuda.get_device_properties(0).L2_cache_size // 256
+    crow, col = power_law_csr(200, k, 40000, device="cuda", long_len=5000, seed=12)
+    assert col.numel() >= 128 * 200
+    assert_cuda_matches_f64(crow, col, k, n, dtype)
+
+
+@requires_cuda
 def test_cuda_forward_and_backward_are_deterministic() -> None:
     crow, col = power_law_csr(5000, 4000, 100000, device="cuda", long_len=30000, seed=7)
     values = torch.randn(col.numel(), device="cuda", requires_grad=True)

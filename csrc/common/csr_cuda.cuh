@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include <c10/cuda/CUDAException.h>
@@ -94,26 +95,46 @@ __device__ __forceinline__ int64_t unit_row_end(const Index* crow, int64_t r, in
   return row_end_in_unit(crow[r + 1], j, end, nnz);
 }
 
-// How many items each unit (one warp) takes: about kWavesPerLaunch waves of warps per column tile, but at
-// least kMinItems and at most kMaxItems (bounds the carry buffer). Every unit pays its searches and, short
-// rows or not, a carry row of N values (written, then read by the carry kernel). On the H200 (f32, one
-// run) arxiv-like (169k rows, 7 nonzeros each) ran its forward at 0.88-1.05x cuSPARSE over N = 32..512 with
-// 128 items per unit, 0.95-1.06x with 192 and 0.83-1.05x with 256; the long-row graphs' units are larger
-// than that anyway.
+// How many items each unit (one warp) takes. Units take about the same time, so a launch lasts whole
+// "waves" of as many units as the GPU holds at once (`resident_warps`, from the kernel's occupancy): a last
+// wave 40% full costs as much as a full one. First a size for about kWavesPerLaunch waves per column tile,
+// at least kMinItems (every unit pays its searches and, short rows or not, a carry row of N values) and at
+// most kMaxItems (bounds the carry buffer); then the items are spread evenly over the whole waves they
+// fill, at least one. On the H200 (f32, one run, forward against cuSPARSE) this took arxiv-like (169k rows,
+// 7 nonzeros each: 1.47 waves of 192-item units before) from 0.94-1.06x to 1.10-1.22x over N = 32..512,
+// and the power-law geomean from 1.22x to 1.31x.
 struct MergePartition {
   int64_t per_unit;
   int64_t units;
 };
 
-inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_tiles, int device) {
-  constexpr int64_t kWarpsPerSm = 64;  // the H200's maximum resident warps per SM
+inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_tiles, int64_t resident_warps) {
   constexpr int64_t kWavesPerLaunch = 4;
   constexpr int64_t kMinItems = 192, kMaxItems = 8192;
-  const int64_t items = M + nnz;
-  const int64_t target_units = std::max<int64_t>(
-      1, device_attribute(cudaDevAttrMultiProcessorCount, device) * kWarpsPerSm * kWavesPerLaunch / std::max<int64_t>(column_tiles, 1));
-  const int64_t per_unit = std::clamp<int64_t>((items + target_units - 1) / target_units, kMinItems, kMaxItems);
-  return {per_unit, std::max<int64_t>(1, (items + per_unit - 1) / per_unit)};
+  const int64_t items = M + nnz, tiles = std::max<int64_t>(column_tiles, 1);
+  const int64_t wave = std::max<int64_t>(resident_warps, 1);  // units of all tiles running at once
+  const auto units_of = [items](int64_t per_unit) { return std::max<int64_t>(1, (items + per_unit - 1) / per_unit); };
+  const int64_t target_units = std::max<int64_t>(1, wave * kWavesPerLaunch / tiles);
+  int64_t per_unit = std::clamp<int64_t>((items + target_units - 1) / target_units, kMinItems, kMaxItems);
+  const int64_t waves = std::max<int64_t>(1, units_of(per_unit) * tiles / wave);  // whole ones, rounded down
+  const int64_t units = std::max<int64_t>(1, waves * wave / tiles);
+  per_unit = std::clamp<int64_t>((items + units - 1) / units, 1, kMaxItems);
+  return {per_unit, units_of(per_unit)};
+}
+
+// How many warps of kKernel, launched in blocks of `threads`, the device holds at once (cached per kernel
+// and device).
+template <auto kKernel>
+inline int64_t resident_warps(int threads, int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> blocks_cache[kDevices] = {};
+  int blocks = device >= 0 && device < kDevices ? blocks_cache[device].load(std::memory_order_relaxed) : 0;
+  if (blocks == 0) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, 0));
+    blocks = std::max(blocks, 1);
+    if (device >= 0 && device < kDevices) blocks_cache[device].store(blocks, std::memory_order_relaxed);
+  }
+  return int64_t{blocks} * (threads / kWarpSize) * device_attribute(cudaDevAttrMultiProcessorCount, device);
 }
 
 // The widest vector (elements, up to 16 bytes) that every row of a matrix with N columns, row stride ld and

@@ -8,13 +8,15 @@
 //   - the columns: a group of G lanes owns one vector of V columns per lane (V up to 16 bytes: float4 for
 //     f32, 8 x bf16). Narrow N uses small groups, so the warp takes 32 / G nonzeros at once (N = 32 f32: 8
 //     lanes of float4, 4 nonzeros at once); wide N uses whole warps over column tiles of 32 V columns
-//     (grid.y: N = 512 f32 is 4 tiles of 128 columns);
+//     (grid.y: N = 512 f32 is 4 tiles of 128 columns), or narrower groups and tiles for long rows over a
+//     `dense` larger than the L2 (launch_spmm);
 //   - kBatch nonzeros per group are gathered before they are accumulated, so several dense rows are in
 //     flight; row ends come 32 rows at a time through a second window (no load of its own per row);
 //   - rows that end inside the unit are stored; the unit's last row, which continues in the next unit(s),
 //     is left in a carry buffer, and a second kernel adds each row's carries in unit order.
 // Accumulation is f32 for f16/bf16/f32 and f64 for f64. The result is deterministic: every partial sum is
-// taken in a fixed order that depends only on the shapes and the GPU's SM count, never on scheduling.
+// taken in a fixed order that depends only on the shapes and the GPU (SM count, L2 size, the kernel's
+// occupancy), never on scheduling.
 // For f16/bf16 a row split across units is rounded once: the unit that ends it leaves its part in f32
 // too (the `head` buffer) and the second kernel stores the f32 sum. (Storing that part and adding the
 // carries to it would round twice, which cancellation between the parts can turn into a large error.)
@@ -229,31 +231,9 @@ __global__ void __launch_bounds__(kCarryThreads) csr_spmm_carry_kernel(const Spm
 }
 
 template <typename T, typename Index, int V, int G>
-void launch_config(const SpmmArgs<T, Index>& a, cudaStream_t stream) {
-  const dim3 grid(blocks_to_cover(a.units, kWarpsPerBlock),
-                  static_cast<unsigned int>(std::min<int64_t>(a.column_tiles, 65535)));
-  csr_spmm_kernel<T, Index, V, G><<<grid, kThreads, 0, stream>>>(a);
-  TORCHOPS_CUDA_LAUNCH_CHECK();
-}
-
-// The instantiated (V, G): V elements per access (16 bytes when N, the row stride and the base pointer allow
-// it); with 16-byte vectors the smallest group of G >= 4 lanes that spans N, at most a warp; narrower vectors
-// (odd N, misaligned views) take whole warps. Wider N runs more column tiles (grid.y) rather than several
-// vectors per lane: fewer registers (more warps in flight), and each tile's units gather only the tile's
-// slice of `dense`, more of which stays in L2 while they run. On the H200 (f32, against up to 4 vectors per
-// lane) this took proteins-like at N = 256 / 512 from 0.77 / 0.81x cuSPARSE to 0.98 / 0.99x, reddit-like
-// from 0.89 / 0.91x to 1.05 / 1.10x and arxiv-like from 0.81 / 0.92x to 0.95 / 0.99x.
-template <typename T, typename Index>
-void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream_t stream) {
-  constexpr int kMaxV = 16 / static_cast<int>(sizeof(T));
-  int g = kWarpSize;
-  if (v == kMaxV) {
-    const int64_t vectors = (a.N + v - 1) / v;  // per row
-    g = 4;
-    while (g < kWarpSize && g < vectors) g *= 2;
-  }
-  a.column_tiles = (a.N + int64_t{g} * v - 1) / (int64_t{g} * v);
-  const auto part = merge_partition(a.M, a.nnz, a.column_tiles, like.get_device());
+void launch_config(SpmmArgs<T, Index> a, const at::Tensor& like, cudaStream_t stream) {
+  constexpr auto kKernel = csr_spmm_kernel<T, Index, V, G>;
+  const auto part = merge_partition(a.M, a.nnz, a.column_tiles, resident_warps<kKernel>(kThreads, like.get_device()));
   a.per_unit = part.per_unit;
   a.units = part.units;
   at::Tensor carry = at::detail::empty_cuda({a.units * a.N}, c10::CppTypeToScalarType<opmath_t<T>>::value,
@@ -268,28 +248,60 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
                                   std::nullopt);
     a.head = head.mutable_data_ptr<opmath_t<T>>();
   }
-
-  if (v == kMaxV) {
-    if (g == 4) {
-      launch_config<T, Index, kMaxV, 4>(a, stream);
-    } else if (g == 8) {
-      launch_config<T, Index, kMaxV, 8>(a, stream);
-    } else if (g == 16) {
-      launch_config<T, Index, kMaxV, 16>(a, stream);
-    } else {
-      launch_config<T, Index, kMaxV, kWarpSize>(a, stream);
-    }
-  } else if (v == 1) {
-    launch_config<T, Index, 1, kWarpSize>(a, stream);
-  } else if (v == 2) {
-    if constexpr (kMaxV > 2) launch_config<T, Index, 2, kWarpSize>(a, stream);
-  } else if (v == 4) {
-    if constexpr (kMaxV > 4) launch_config<T, Index, 4, kWarpSize>(a, stream);
-  }
+  const dim3 grid(blocks_to_cover(a.units, kWarpsPerBlock),
+                  static_cast<unsigned int>(std::min<int64_t>(a.column_tiles, 65535)));
+  kKernel<<<grid, kThreads, 0, stream>>>(a);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
   const dim3 carry_grid(blocks_to_cover(a.units, 1),
                         static_cast<unsigned int>(std::min<int64_t>((a.N + kCarryWidth - 1) / kCarryWidth, 65535)));
   csr_spmm_carry_kernel<T, Index><<<carry_grid, kCarryThreads, 0, stream>>>(a);
   TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
+// The instantiated (V, G): V elements per access (16 bytes when N, the row stride and the base pointer allow
+// it); with 16-byte vectors the smallest group of G >= 4 lanes that spans N, at most a warp; narrower vectors
+// (odd N, misaligned views) take whole warps. Wider N runs more column tiles (grid.y) rather than several
+// vectors per lane: fewer registers (more warps in flight), and each tile's units gather only the tile's
+// slice of `dense`, more of which stays in L2 while they run. Long rows (kLongRows nonzeros on average) take
+// narrower tiles while a tile's slice (K rows of G 16-byte vectors) is over kL2Share of the L2: each tile
+// then re-reads the indices and pays the per-row work again, which rows that long amortize. On the H200
+// (f32 forward against cuSPARSE, one run) this took proteins-like at N = 128..512 from 0.96-1.06x to
+// 1.11-1.16x and reddit-like from 1.08-1.09x to 1.27-1.35x; shares of 40% and 100% did worse, and also
+// narrowing the uniform graph's tiles (59 nonzeros per row) cost it 12% at N = 512.
+constexpr int64_t kLongRows = 128;
+constexpr double kL2Share = 0.7;
+
+template <typename T, typename Index>
+void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream_t stream) {
+  constexpr int kMaxV = 16 / static_cast<int>(sizeof(T));
+  int g = kWarpSize;
+  if (v == kMaxV) {
+    const int64_t vectors = (a.N + v - 1) / v;  // per row
+    g = 4;
+    while (g < kWarpSize && g < vectors) g *= 2;
+    if (a.nnz >= kLongRows * a.M) {
+      const double l2 = device_attribute(cudaDevAttrL2CacheSize, like.get_device());
+      while (g > 4 && static_cast<double>(a.K) * g * 16 > kL2Share * l2) g /= 2;
+    }
+  }
+  a.column_tiles = (a.N + int64_t{g} * v - 1) / (int64_t{g} * v);
+  if (v == kMaxV) {
+    if (g == 4) {
+      launch_config<T, Index, kMaxV, 4>(a, like, stream);
+    } else if (g == 8) {
+      launch_config<T, Index, kMaxV, 8>(a, like, stream);
+    } else if (g == 16) {
+      launch_config<T, Index, kMaxV, 16>(a, like, stream);
+    } else {
+      launch_config<T, Index, kMaxV, kWarpSize>(a, like, stream);
+    }
+  } else if (v == 1) {
+    launch_config<T, Index, 1, kWarpSize>(a, like, stream);
+  } else if (v == 2) {
+    if constexpr (kMaxV > 2) launch_config<T, Index, 2, kWarpSize>(a, like, stream);
+  } else if (v == 4) {
+    if constexpr (kMaxV > 4) launch_config<T, Index, 4, kWarpSize>(a, like, stream);
+  }
 }
 
 // out (M x N) for arguments that passed check_csr_spmm_args.

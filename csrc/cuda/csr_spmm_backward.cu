@@ -140,8 +140,12 @@ __global__ void __launch_bounds__(kThreads) csr_sddmm_kernel(const SddmmArgs<T, 
 }
 
 template <typename T, typename Index, int V>
-void launch_sddmm_config(const SddmmArgs<T, Index>& s, cudaStream_t stream) {
-  csr_sddmm_kernel<T, Index, V><<<blocks_to_cover(s.units, kWarpsPerBlock), kThreads, 0, stream>>>(s);
+void launch_sddmm_config(SddmmArgs<T, Index> s, int device, cudaStream_t stream) {
+  constexpr auto kKernel = csr_sddmm_kernel<T, Index, V>;
+  const auto part = merge_partition(s.M, s.nnz, 1, resident_warps<kKernel>(kThreads, device));
+  s.per_unit = part.per_unit;
+  s.units = part.units;
+  kKernel<<<blocks_to_cover(s.units, kWarpsPerBlock), kThreads, 0, stream>>>(s);
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
@@ -171,19 +175,16 @@ at::Tensor csr_sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, c
       s.K = K;
       s.N = N;
       s.nnz = nnz;
-      const auto part = merge_partition(M, nnz, 1, out.get_device());
-      s.per_unit = part.per_unit;
-      s.units = part.units;
       const int v = std::min(lane_vector_size<scalar_t>(N, s.lda, s.a), lane_vector_size<scalar_t>(N, s.ldb, s.b));
       constexpr int kMaxV = 16 / static_cast<int>(sizeof(scalar_t));
       if (v == 1) {
-        launch_sddmm_config<scalar_t, index_t, 1>(s, stream);
+        launch_sddmm_config<scalar_t, index_t, 1>(s, out.get_device(), stream);
       } else if (v == 2) {
-        launch_sddmm_config<scalar_t, index_t, 2>(s, stream);
+        launch_sddmm_config<scalar_t, index_t, 2>(s, out.get_device(), stream);
       } else if (v == 4) {
-        if constexpr (kMaxV >= 4) launch_sddmm_config<scalar_t, index_t, 4>(s, stream);
+        if constexpr (kMaxV >= 4) launch_sddmm_config<scalar_t, index_t, 4>(s, out.get_device(), stream);
       } else {
-        if constexpr (kMaxV >= 8) launch_sddmm_config<scalar_t, index_t, 8>(s, stream);
+        if constexpr (kMaxV >= 8) launch_sddmm_config<scalar_t, index_t, 8>(s, out.get_device(), stream);
       }
     });
   });
