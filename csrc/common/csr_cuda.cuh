@@ -111,6 +111,11 @@ struct MergePartition {
 inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_tiles, int64_t resident_warps) {
   constexpr int64_t kWavesPerLaunch = 4;
   constexpr int64_t kMinItems = 192, kMaxItems = 8192;
+  // Spreading less than one wave of work over a whole wave shrinks units, but not below this: a small
+  // matrix is not cut into thousands of near-empty units, each with its searches and an N-wide carry row.
+  // (arxiv-like/4, 42k rows, less than a wave at 192 items, ran its forward at 0.89-1.08x cuSPARSE spread
+  // over one wave, up from 0.73-0.89x; H200, f32. The floor is below every unit size measured there.)
+  constexpr int64_t kMinSpreadItems = 64;
   const int64_t items = M + nnz, tiles = std::max<int64_t>(column_tiles, 1);
   const int64_t wave = std::max<int64_t>(resident_warps, 1);  // units of all tiles running at once
   const auto units_of = [items](int64_t per_unit) { return std::max<int64_t>(1, (items + per_unit - 1) / per_unit); };
@@ -118,7 +123,7 @@ inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_til
   int64_t per_unit = std::clamp<int64_t>((items + target_units - 1) / target_units, kMinItems, kMaxItems);
   const int64_t waves = std::max<int64_t>(1, units_of(per_unit) * tiles / wave);  // whole ones, rounded down
   const int64_t units = std::max<int64_t>(1, waves * wave / tiles);
-  per_unit = std::clamp<int64_t>((items + units - 1) / units, 1, kMaxItems);
+  per_unit = std::clamp<int64_t>((items + units - 1) / units, kMinSpreadItems, kMaxItems);
   return {per_unit, units_of(per_unit)};
 }
 
@@ -130,8 +135,7 @@ inline int64_t resident_warps(int threads, int device) {
   static std::atomic<int> blocks_cache[kDevices] = {};
   int blocks = device >= 0 && device < kDevices ? blocks_cache[device].load(std::memory_order_relaxed) : 0;
   if (blocks == 0) {
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, 0));
-    blocks = std::max(blocks, 1);
+    blocks = resident_blocks_per_sm(kKernel, threads);
     if (device >= 0 && device < kDevices) blocks_cache[device].store(blocks, std::memory_order_relaxed);
   }
   return int64_t{blocks} * (threads / kWarpSize) * device_attribute(cudaDevAttrMultiProcessorCount, device);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "strided.h"
@@ -46,6 +47,15 @@ inline int device_attribute(cudaDeviceAttr attr, int device) {
     cache[device][a].store(value, std::memory_order_relaxed);
   }
   return value;
+}
+
+// How many blocks of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared memory) one SM holds at
+// once, at least 1.
+template <typename Kernel>
+inline int resident_blocks_per_sm(Kernel kernel, int threads, size_t smem = 0) {
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem));
+  return std::max(blocks, 1);
 }
 
 inline bool is_aligned(const void* ptr, int bytes = kVectorBytes) {

@@ -281,7 +281,7 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
     while (g < kWarpSize && g < vectors) g *= 2;
     if (a.nnz >= kLongRows * a.M) {
       const double l2 = device_attribute(cudaDevAttrL2CacheSize, like.get_device());
-      while (g > 4 && static_cast<double>(a.K) * g * 16 > kL2Share * l2) g /= 2;
+      while (g > 4 && static_cast<double>(a.K) * g * kVectorBytes > kL2Share * l2) g /= 2;
     }
   }
   a.column_tiles = (a.N + int64_t{g} * v - 1) / (int64_t{g} * v);

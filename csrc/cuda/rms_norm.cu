@@ -472,9 +472,7 @@ void launch_backward(const NormRows& dy, const NormRows& x, const W* w, const op
     }
     // A grid as large as fits on the device at once (each block loops over its own chunk of rows), so
     // there are as few dweight partial rows as possible. Fixed for a device and shape: deterministic.
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.threads, smem));
-    const int64_t max_blocks = static_cast<int64_t>(sms) * std::max(per_sm, 1);
+    const int64_t max_blocks = static_cast<int64_t>(sms) * resident_blocks_per_sm(kernel, cfg.threads, smem);
     const int64_t wanted = (rows + per_block - 1) / per_block;
     int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, wanted));
     const int64_t rows_per_block = (rows + blocks - 1) / blocks;
