@@ -155,8 +155,9 @@ def bench_graph(args: argparse.Namespace, spec: GraphSpec, dtypes: Sequence[torc
                       f"largest |element| (ours passed at 3e-2)", file=sys.stderr)
             del ref
             base_fn = (lambda: a @ dense) if dev == "cuda" else (lambda: torch.sparse.mm(a, dense))
-            base_ms = H.time_ms(base_fn, dev, quick=args.quick)
-            ops_ms = H.time_ms(lambda: torchops.csr_spmm(crow, col, values, dense), dev, quick=args.quick)
+            ms = H.time_all_ms({"base": base_fn, "ops": lambda: torchops.csr_spmm(crow, col, values, dense)}, dev,
+                               quick=args.quick)
+            base_ms, ops_ms = ms["base"], ms["ops"]
             common = dict(op=OP, case=f"{spec.name} fwd", dtype=H.DTYPE_NAMES[dtype], shape=f"N={n}",
                           numel=nnz * n, device=dev, baseline=baseline)
             out.append(H.Result(impl=baseline, ms=base_ms, speedup=1.0, **common))

@@ -115,28 +115,28 @@ def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> list[H
 
                 # Forward: 2 reads + 1 write.
                 want = reference_math(gate, up)
-                fwd_ms = {}
                 for name, fn in impls.items():
                     _check(fn(gate, up), want, dtype, f"{name} forward {shape}")
-                    fwd_ms[name] = H.time_ms(lambda fn=fn: fn(gate, up), args.device, quick=args.quick)
                 del want
+                fwd_ms = H.time_all_ms({name: (lambda fn=fn: fn(gate, up)) for name, fn in impls.items()},
+                                       args.device, quick=args.quick)
                 emit(f"fwd {layout}", fwd_ms, 3)
 
                 # Backward through autograd: 3 reads + 2 writes.
-                bwd_ms = {}
+                runs = {}
                 want_grads = None
                 for name, fn in impls.items():
-                    run, grads = _backward_timer(fn, gate, up, grad)
+                    runs[name], grads = _backward_timer(fn, gate, up, grad)
                     if want_grads is None:
                         want_grads = grads
                     else:
                         for got, exp in zip(grads, want_grads):
                             _check(got, exp, dtype, f"{name} backward {shape}")
                     del grads
-                    bwd_ms[name] = H.time_ms(run, args.device, quick=args.quick)
-                    del run
-                    H.free_memory(args.device)
                 del want_grads
+                bwd_ms = H.time_all_ms(runs, args.device, quick=args.quick)
+                del runs
+                H.free_memory(args.device)
                 emit(f"bwd {layout}", bwd_ms, 5)
 
                 if args.device == "cuda" and layout == "chunk":

@@ -59,8 +59,9 @@ def bench_sizes(args: argparse.Namespace, vector_add: Callable, copy_bps: float)
                 # A benchmark of a wrong kernel is worthless: check against the baseline on these very tensors.
                 torch.testing.assert_close(vector_add(a, b), torch.add(a, b))
                 nbytes = 3 * n * a.element_size()  # read a, read b, write out
-                base_ms = H.time_ms(lambda: torch.add(a, b), args.device, quick=args.quick)
-                ops_ms = H.time_ms(lambda: vector_add(a, b), args.device, quick=args.quick)
+                ms = H.time_all_ms({"base": lambda: torch.add(a, b), "ops": lambda: vector_add(a, b)}, args.device,
+                                   quick=args.quick)
+                base_ms, ops_ms = ms["base"], ms["ops"]
                 common = dict(op=OP, case=case, dtype=dtype, shape=shape, numel=n, device=args.device,
                               nbytes=nbytes, copy_bps=copy_bps)
                 out.append(H.bandwidth_result(impl=BASELINE, ms=base_ms, baseline=BASELINE, baseline_ms=base_ms,

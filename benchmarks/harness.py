@@ -39,6 +39,10 @@ DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 MiB = 1 << 20
 GPU_COPY_MIN_BYTES = 256 * MiB  # DESIGN §5: bandwidth figures need buffers far larger than L2 (50 MB on H200).
 CPU_COPY_MIN_BYTES = 64 * MiB  # well past the last-level cache of a typical CPU.
+# CPU timing (time_all_ms): seconds of warm-up calls, then rounds of at least this many seconds per function.
+CPU_WARMUP_S, CPU_WARMUP_S_QUICK = 1.0, 0.1
+CPU_ROUNDS, CPU_ROUNDS_QUICK = 6, 2
+CPU_ROUND_S, CPU_ROUND_S_QUICK = 0.1, 0.025
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -132,12 +136,38 @@ def time_ms(fn: Callable[[], Any], device: str, *, quick: bool = False) -> float
         if do_bench is not None:
             return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
         return _cuda_events_ms(fn, warmup, rep)
+    return time_all_ms({"fn": fn}, device, quick=quick)["fn"]
+
+
+def time_all_ms(fns: dict[str, Callable[[], Any]], device: str, *, quick: bool = False) -> dict[str, float]:
+    """Median time of one call of each function in milliseconds, timed against each other.
+
+    CUDA: one after the other with ``time_ms`` (device time does not drift with the host's state). CPU: in
+    interleaved rounds, so that a change in the machine's state (memory the allocator or the hypervisor
+    holds, other load) falls on every function alike; the median is over every timed block of every round.
+    Before timing, the functions run in turns for a warm-up time rather than a call count: on a VM with free
+    page reporting, such as this project's, the first calls after a pause re-fault memory the hypervisor
+    took back while it lay free, and ran 3-4x slower than a loop's steady state for ~0.4 s, long enough to
+    fill a whole measurement (benchmarks/RESULTS.md, "swiglu — CPU").
+    """
+    if device == "cuda":
+        return {name: time_ms(fn, device, quick=quick) for name, fn in fns.items()}
     import torch.utils.benchmark as torch_benchmark  # lazy: it pulls in cpp_extension, which GPU runs never need
 
-    fn()  # first call pays one-off costs (allocation, dispatch caches) outside the measurement
+    deadline = time.perf_counter() + (CPU_WARMUP_S_QUICK if quick else CPU_WARMUP_S)
+    while True:
+        for fn in fns.values():
+            fn()
+        if time.perf_counter() >= deadline:
+            break
     # num_threads: Timer defaults to 1 thread; measure with the process setting (--threads) instead.
-    timer = torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=0.05 if quick else 0.2).median * 1e3
+    timers = {name: torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+              for name, fn in fns.items()}
+    blocks: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(CPU_ROUNDS_QUICK if quick else CPU_ROUNDS):
+        for name, timer in timers.items():
+            blocks[name] += timer.blocked_autorange(min_run_time=CPU_ROUND_S_QUICK if quick else CPU_ROUND_S).times
+    return {name: statistics.median(times) * 1e3 for name, times in blocks.items()}
 
 
 def synchronize(device: str) -> None:
