@@ -1,10 +1,14 @@
-// CHECK(cuda call) for the standalone tuning programs in this folder: print the error and exit.
+// Helpers for the standalone tuning programs in this folder: CHECK(cuda call) prints the error and exits;
+// time_ms(launch) is the median of 30 event-timed runs after 5 untimed ones, in milliseconds;
+// copy_bytes_per_second() times a 1 GiB device-to-device copy (bytes read + written), prints and returns it.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CHECK(x)                                                       \
   do {                                                                 \
@@ -14,3 +18,39 @@
       exit(1);                                                         \
     }                                                                  \
   } while (0)
+
+template <typename Launch>
+float time_ms(Launch launch) {
+  cudaEvent_t start, end;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&end));
+  for (int i = 0; i < 5; ++i) launch();
+  std::vector<float> times;
+  for (int i = 0; i < 30; ++i) {
+    CHECK(cudaEventRecord(start));
+    launch();
+    CHECK(cudaEventRecord(end));
+    CHECK(cudaEventSynchronize(end));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, end));
+    times.push_back(ms);
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(end));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+inline double copy_bytes_per_second() {
+  const size_t bytes = size_t{1} << 30;
+  void *src, *dst;
+  CHECK(cudaMalloc(&src, bytes));
+  CHECK(cudaMalloc(&dst, bytes));
+  const float ms = time_ms([&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+  const double bps = 2.0 * bytes / (ms * 1e-3);
+  printf("copy: %.3f ms, %.3f TB/s\n", ms, bps / 1e12);
+  CHECK(cudaFree(src));
+  CHECK(cudaFree(dst));
+  return bps;
+}

@@ -85,11 +85,10 @@ __device__ __forceinline__ void vector_math(const uint4 (&x)[Op::kIn], uint4 (&y
 
 // ------------------------------------------------------------- reference: one vector per thread, flat
 
-template <typename T, typename Op, int kThreads>
-__global__ void __launch_bounds__(kThreads) flat_kernel(Operands<T> p) {
+// Vector i of the rows (kCols / vector-width per row): load it from every input, compute, store.
+template <typename T, typename Op>
+__device__ __forceinline__ void one_vector(const Operands<T>& p, int64_t i) {
   constexpr int kVecsPerRow = kCols * sizeof(T) / 16;
-  const int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x;
-  if (i >= int64_t{kRows} * kVecsPerRow) return;
   const int64_t row = i / kVecsPerRow, v = i % kVecsPerRow;
   uint4 x[Op::kIn], y[Op::kOut];
 #pragma unroll
@@ -99,19 +98,18 @@ __global__ void __launch_bounds__(kThreads) flat_kernel(Operands<T> p) {
   for (int k = 0; k < Op::kOut; ++k) reinterpret_cast<uint4*>(p.out[k] + row * kCols)[v] = y[k];
 }
 
+template <typename T, typename Op, int kThreads>
+__global__ void __launch_bounds__(kThreads) flat_kernel(Operands<T> p) {
+  const int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (i < int64_t{kRows} * (kCols * sizeof(T) / 16)) one_vector<T, Op>(p, i);
+}
+
 // Same, persistent: a grid of resident blocks striding over the vectors.
 template <typename T, typename Op, int kThreads>
 __global__ void __launch_bounds__(kThreads) persistent_kernel(Operands<T> p) {
-  constexpr int kVecsPerRow = kCols * sizeof(T) / 16;
-  const int64_t total = int64_t{kRows} * kVecsPerRow;
+  const int64_t total = int64_t{kRows} * (kCols * sizeof(T) / 16);
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < total; i += int64_t{gridDim.x} * kThreads) {
-    const int64_t row = i / kVecsPerRow, v = i % kVecsPerRow;
-    uint4 x[Op::kIn], y[Op::kOut];
-#pragma unroll
-    for (int k = 0; k < Op::kIn; ++k) x[k] = reinterpret_cast<const uint4*>(p.in[k] + row * p.in_stride[k])[v];
-    vector_math<T, Op>(x, y);
-#pragma unroll
-    for (int k = 0; k < Op::kOut; ++k) reinterpret_cast<uint4*>(p.out[k] + row * kCols)[v] = y[k];
+    one_vector<T, Op>(p, i);
   }
 }
 
@@ -236,27 +234,6 @@ __global__ void __launch_bounds__(kThreads) bulk_kernel(Operands<T> p) {
 
 // ----------------------------------------------------------------------------------------- harness
 
-template <typename F>
-float time_ms(F launch) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) launch();
-  std::vector<float> t;
-  for (int i = 0; i < 30; ++i) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 template <typename K>
 int resident_grid(K kernel, int threads, int smem) {
   int sms = 0, per_sm = 0;
@@ -379,15 +356,7 @@ void run_dtype(const char* dtype, double copy_bps) {
 }
 
 int main() {
-  const size_t copy_bytes = size_t{1} << 30;
-  void *ca, *cb;
-  CHECK(cudaMalloc(&ca, copy_bytes));
-  CHECK(cudaMalloc(&cb, copy_bytes));
-  const float copy_ms = time_ms([&] { CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice)); });
-  const double copy_bps = 2.0 * copy_bytes / (copy_ms * 1e-3);
-  printf("copy: %.3f ms, %.3f TB/s\n", copy_ms, copy_bps / 1e12);
-  CHECK(cudaFree(ca));
-  CHECK(cudaFree(cb));
+  const double copy_bps = copy_bytes_per_second();
   run_dtype<__nv_bfloat16>("bf16", copy_bps);
   run_dtype<float>("f32", copy_bps);
   return 0;

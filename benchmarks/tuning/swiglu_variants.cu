@@ -137,27 +137,6 @@ __global__ void __launch_bounds__(kThreads) contiguous_per_thread_kernel(Operand
 
 // ----------------------------------------------------------------------------------------- harness
 
-template <typename Kernel>
-float time_ms(Kernel launch) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) launch();
-  std::vector<float> t;
-  for (int i = 0; i < 30; ++i) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 int main() {
   const size_t in_elems = size_t{kRows} * kRowStride, out_elems = size_t{kRows} * kCols;
   __nv_bfloat16 *x, *grad, *o0, *o1;
@@ -175,16 +154,7 @@ int main() {
     CHECK(cudaMemcpy(x, h.data(), in_elems * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(grad, h.data(), out_elems * 2, cudaMemcpyHostToDevice));
   }
-  // Copy reference: 1 GiB read + 1 GiB written.
-  const size_t copy_bytes = size_t{1} << 30;
-  void *ca, *cb;
-  CHECK(cudaMalloc(&ca, copy_bytes));
-  CHECK(cudaMalloc(&cb, copy_bytes));
-  const float copy_ms = time_ms([&] { CHECK(cudaMemcpyAsync(cb, ca, copy_bytes, cudaMemcpyDeviceToDevice)); });
-  const double copy_bps = 2.0 * copy_bytes / (copy_ms * 1e-3);
-  printf("copy: %.3f ms, %.3f TB/s\n", copy_ms, copy_bps / 1e12);
-  CHECK(cudaFree(ca));
-  CHECK(cudaFree(cb));
+  const double copy_bps = copy_bytes_per_second();
 
   const Operands fwd{{x, x + kCols, nullptr}, {kRowStride, kRowStride, 0}, {o0, nullptr}};
   const Operands bwd{{grad, x, x + kCols}, {kCols, kRowStride, kRowStride}, {o0, o1}};

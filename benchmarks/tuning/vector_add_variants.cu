@@ -73,20 +73,6 @@ __global__ void add_kernel(const uint4* a, const uint4* b, uint4* out, long long
   }
 }
 
-template <typename F>
-float time_ms(F f) {
-  cudaEvent_t s, e;
-  cudaEventCreate(&s); cudaEventCreate(&e);
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> ts;
-  for (int i = 0; i < 30; ++i) {
-    cudaEventRecord(s); f(); cudaEventRecord(e); cudaEventSynchronize(e);
-    float ms; cudaEventElapsedTime(&ms, s, e); ts.push_back(ms);
-  }
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
-
 template <typename T, int kUnroll, LoadKind L, bool kSS>
 void run(const char* name, const uint4* a, const uint4* b, uint4* o, long long n_vec, int threads, long long blocks,
          double bytes, double copy_gbs) {
