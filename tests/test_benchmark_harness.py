@@ -1,4 +1,5 @@
 """The benchmark harness's CPU timer: the functions it compares are timed in turns, and each time is one call's."""
+import itertools
 import os
 import sys
 import time
@@ -24,13 +25,7 @@ def test_cpu_times_interleave_the_functions_and_measure_one_call():
     assert 3.6 <= times["long"] < 10.0
     # Each round times every function in a stretch of calls: one stretch per round and function, not all
     # of one function's rounds before the other's (warm-up calls alternate one by one).
-    stretches: list[list] = []
-    for name in calls:
-        if stretches and stretches[-1][0] == name:
-            stretches[-1][1] += 1
-        else:
-            stretches.append([name, 1])
-    timed = [name for name, length in stretches if length >= 3]
+    timed = [name for name, stretch in itertools.groupby(calls) if len(list(stretch)) >= 3]
     assert timed == ["short", "long"] * H.CPU_ROUNDS_QUICK
 
 

@@ -254,8 +254,8 @@ Variant bulk_variant(const Operands<T>& p) {
   const int smem = (kStages * Op::kIn + (kBulkStore ? 2 * Op::kOut : 0)) * kChunkBytes;
   const int grid = resident_grid(kernel, kThreads, smem);
   char name[128];
-  snprintf(name, sizeof(name), "bulk %s %d thr %d stages %d B%s (grid %d)", kBulkStore ? "ld+st" : "ld", kThreads,
-           kStages, kChunkBytes, "", grid);
+  snprintf(name, sizeof(name), "bulk %s %d thr %d stages %d B (grid %d)", kBulkStore ? "ld+st" : "ld", kThreads,
+           kStages, kChunkBytes, grid);
   return {name, [=] { kernel<<<grid, kThreads, smem>>>(p); }};
 }
 
