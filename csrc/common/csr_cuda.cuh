@@ -127,18 +127,13 @@ inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_til
   return {per_unit, units_of(per_unit)};
 }
 
-// How many warps of kKernel, launched in blocks of `threads`, the device holds at once (cached per kernel
-// and device).
-template <auto kKernel>
-inline int64_t resident_warps(int threads, int device) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> blocks_cache[kDevices] = {};
-  int blocks = device >= 0 && device < kDevices ? blocks_cache[device].load(std::memory_order_relaxed) : 0;
-  if (blocks == 0) {
-    blocks = resident_blocks_per_sm(kKernel, threads);
-    if (device >= 0 && device < kDevices) blocks_cache[device].store(blocks, std::memory_order_relaxed);
-  }
-  return int64_t{blocks} * (threads / kWarpSize) * device_attribute(cudaDevAttrMultiProcessorCount, device);
+// How many warps of kKernel, launched in blocks of kThreads, the device holds at once (the occupancy is
+// cached per kernel and device).
+template <auto kKernel, int kThreads>
+inline int64_t resident_warps(int device) {
+  static std::atomic<int> blocks_cache[kCachedDevices][1] = {};
+  const int blocks = cached_per_device(blocks_cache, device, 0, [] { return resident_blocks_per_sm(kKernel, kThreads); });
+  return int64_t{blocks} * (kThreads / kWarpSize) * device_attribute(cudaDevAttrMultiProcessorCount, device);
 }
 
 // The widest vector (elements, up to 16 bytes) that every row of a matrix with N columns, row stride ld and

@@ -30,23 +30,29 @@ inline unsigned int blocks_to_cover(int64_t work_items, int64_t items_per_block)
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min<int64_t>(blocks, INT32_MAX)));
 }
 
-// A device attribute (SM count, shared-memory limit, ...), queried from the driver once per device and
-// attribute: launch configuration asks on every call.
+// A positive per-device value (an attribute, a kernel's occupancy), asked of `query` once per device and
+// slot of `cache`, then read from it: launch configuration asks on every call. Devices past the cache, or
+// a slot index past it, ask every time.
+constexpr int kCachedDevices = 64;
+template <int kSlots, typename Query>
+inline int cached_per_device(std::atomic<int> (&cache)[kCachedDevices][kSlots], int device, int slot, Query query) {
+  if (device < 0 || device >= kCachedDevices || slot < 0 || slot >= kSlots) return query();
+  int value = cache[device][slot].load(std::memory_order_relaxed);
+  if (value == 0) {
+    value = query();
+    cache[device][slot].store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
+// A device attribute (SM count, shared-memory limit, ...).
 inline int device_attribute(cudaDeviceAttr attr, int device) {
-  constexpr int kDevices = 64, kAttrs = 128;
-  static std::atomic<int> cache[kDevices][kAttrs] = {};
-  const int a = static_cast<int>(attr);
-  if (device < 0 || device >= kDevices || a < 0 || a >= kAttrs) {
+  static std::atomic<int> cache[kCachedDevices][128] = {};
+  return cached_per_device(cache, device, static_cast<int>(attr), [&] {
     int value = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
     return value;
-  }
-  int value = cache[device][a].load(std::memory_order_relaxed);
-  if (value == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-    cache[device][a].store(value, std::memory_order_relaxed);
-  }
-  return value;
+  });
 }
 
 // How many blocks of `kernel` (blocks of `threads`, `smem` bytes of dynamic shared memory) one SM holds at

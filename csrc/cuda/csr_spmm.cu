@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kCarryThreads) csr_spmm_carry_kernel(const Spm
 template <typename T, typename Index, int V, int G>
 void launch_config(SpmmArgs<T, Index> a, const at::Tensor& like, cudaStream_t stream) {
   constexpr auto kKernel = csr_spmm_kernel<T, Index, V, G>;
-  const auto part = merge_partition(a.M, a.nnz, a.column_tiles, resident_warps<kKernel>(kThreads, like.get_device()));
+  const auto part = merge_partition(a.M, a.nnz, a.column_tiles, resident_warps<kKernel, kThreads>(like.get_device()));
   a.per_unit = part.per_unit;
   a.units = part.units;
   at::Tensor carry = at::detail::empty_cuda({a.units * a.N}, c10::CppTypeToScalarType<opmath_t<T>>::value,

@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) csr_sddmm_kernel(const SddmmArgs<T, 
 template <typename T, typename Index, int V>
 void launch_sddmm_config(SddmmArgs<T, Index> s, int device, cudaStream_t stream) {
   constexpr auto kKernel = csr_sddmm_kernel<T, Index, V>;
-  const auto part = merge_partition(s.M, s.nnz, 1, resident_warps<kKernel>(kThreads, device));
+  const auto part = merge_partition(s.M, s.nnz, 1, resident_warps<kKernel, kThreads>(device));
   s.per_unit = part.per_unit;
   s.units = part.units;
   kKernel<<<blocks_to_cover(s.units, kWarpsPerBlock), kThreads, 0, stream>>>(s);
