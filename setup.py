@@ -100,7 +100,7 @@ def _extension():
     nvcc_flags = [*opt, "--expt-relaxed-constexpr", "-lineinfo"]
     archs = ""
     cuda_version = ""
-    sources = [_sources(f"csrc/{layer}*.cpp") for layer in ("", "common/", "cpu/", "autograd/")]
+    sources = [_sources(f"csrc/{layer}*.cpp") for layer in ("", "common/", "cpu/", "autograd/", "python/")]
     sources = [path for layer in sources for path in layer]
     if with_cuda:
         archs = _arch_list()
