@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import torchops
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from helpers import DEVICES, HAS_CUDA, requires_cuda
 from op_db import _csr_indices, csr_spmm_reference, csr_transpose_reference
 from torchops import ops as torchops_ops
@@ -94,6 +96,32 @@ def test_check_invariants_passes_valid_input_and_leaves_metadata_errors_to_the_o
         torchops.csr_spmm(crow.view(1, -1), col, values, dense, check_invariants=True)
 
 
+def test_check_invariants_leaves_a_dense_that_is_not_2d_to_the_op() -> None:
+    crow, col = _csr_indices([[0, 2], [], [1]], torch.int64, "cpu")
+    for dense in (torch.randn(3), torch.randn(3, 2, 1), torch.tensor(1.0)):
+        with pytest.raises(RuntimeError, match=r"myns::csr_spmm: dense must be 2-D, got shape"):
+            torchops.csr_spmm(crow, col, torch.randn(3), dense, check_invariants=True)
+
+
+def test_check_invariants_skips_the_data_checks_on_meta_and_fake_tensors() -> None:
+    # Malformed structure (col 7 >= K = 3): only a check that reads the data could see it.
+    crow, col = torch.tensor([0, 2, 3]), torch.tensor([0, 7, 1])
+    values, dense = torch.randn(3), torch.randn(3, 4)
+    meta = [t.to("meta") for t in (crow, col, values, dense)]
+    out = torchops.csr_spmm(*meta, check_invariants=True)
+    assert out.device.type == "meta" and out.shape == (2, 4)
+    with pytest.raises(RuntimeError, match=r"myns::csr_spmm: dense must be 2-D"):  # metadata still checked
+        torchops.csr_spmm(*meta[:3], meta[3][0], check_invariants=True)
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in (crow, col, values, dense)]
+        out = torchops.csr_spmm(*fake, check_invariants=True)
+        assert out.shape == (2, 4)
+        with pytest.raises(RuntimeError, match=r"myns::csr_spmm: dense must be 2-D"):
+            torchops.csr_spmm(*fake[:3], fake[3][0], check_invariants=True)
+
+
 # ------------------------------------------------------------------------------------------- spmm(A, dense)
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -141,6 +169,67 @@ def test_spmm_caches_the_transpose_per_tensor(device: str) -> None:
     dense.grad = None
     torchops.spmm(A, dense).sum().backward()
     assert torchops_ops._TRANSPOSE_CACHE[A].tensors[0] is not first[0]
+
+
+class _CountCalls(TorchDispatchMode):
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        super().__init__()
+        self.op, self.count = op, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is self.op
+        return func(*args, **(kwargs or {}))
+
+
+def _spmm_dense_grad(A: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    dense = dense.detach().requires_grad_()
+    torchops.spmm(A, dense).sum().backward()
+    return dense.grad
+
+
+def _expected_dense_grad(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    a = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), k).to_dense()
+    return (a.t() @ torch.ones(a.size(0), n, dtype=torch.float64)).to(values.dtype)
+
+
+def test_spmm_transpose_cache_sees_changes_through_the_tensors_a_was_built_from() -> None:
+    # An in-place change through the index tensors A was built from shares A's memory but bumps no version
+    # counter A can see: the transpose must be recomputed all the same.
+    crow, col, values = torch.tensor([0, 2, 3, 4]), torch.tensor([0, 1, 2, 0]), torch.tensor([1., 2, 3, 4])
+    A = torch.sparse_csr_tensor(crow, col, values, (3, 3))
+    d = torch.ones(3, 1)
+    torch.testing.assert_close(_spmm_dense_grad(A, d), torch.tensor([[5.], [2.], [3.]]))
+    col.copy_(torch.tensor([0, 2, 2, 1]))  # the repro: the old code's backward gave [5, 2, 3]
+    torch.testing.assert_close(_spmm_dense_grad(A, d), torch.tensor([[1.], [4.], [5.]]))
+    crow.copy_(torch.tensor([0, 1, 3, 4]))  # now row 0 = {0}, row 1 = {2, 2}, row 2 = {1}
+    torch.testing.assert_close(_spmm_dense_grad(A, d), _expected_dense_grad(crow, col, values, 3, 1))
+    torch.testing.assert_close(torchops.spmm(A, d), torch_sparse(crow, col, values, 3) @ d)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_spmm_transpose_cache_is_reused_until_the_indices_change(device: str) -> None:
+    crow, col = power_law_csr(30, 20, 200, device=device, seed=11)
+    values = torch.randn(col.numel(), device=device, dtype=torch.float64)
+    A = torch.sparse_csr_tensor(crow, col, values, (30, 20))
+    dense = torch.randn(20, 8, device=device, dtype=torch.float64)
+    counter = _CountCalls(torch.ops.myns._csr_transpose.default)
+    with counter:
+        grads = [_spmm_dense_grad(A, dense) for _ in range(3)]
+    assert counter.count == 1, "an unchanged A must reuse its transpose"
+    for g in grads:
+        torch.testing.assert_close(g, _expected_dense_grad(crow, col, values, 20, 8))
+    # Changed in place by each route: through the tensors A was built from and through A's own.
+    changes = [lambda: col.copy_(torch.flip(col, [0])),
+               lambda: A.col_indices()[:5].copy_(torch.arange(5, device=device)),
+               lambda: crow[1:-1].copy_(torch.sort(torch.randint(0, col.numel() + 1, (29,), device=device)).values),
+               lambda: A.crow_indices()[1:-1].copy_(torch.linspace(0, col.numel(), 31, device=device)[1:-1].long())]
+    for i, change in enumerate(changes):
+        change()
+        with counter:
+            got = _spmm_dense_grad(A, dense)
+            _spmm_dense_grad(A, dense)
+        assert counter.count == 2 + i, f"change {i}: one new transpose, then reused"
+        torch.testing.assert_close(got, _expected_dense_grad(crow, col, values, 20, 8))
 
 
 def test_spmm_rejects_non_csr() -> None:

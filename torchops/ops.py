@@ -2,39 +2,60 @@
 
 Each wrapper is a thin call into the dispatcher: argument checking happens once, in C++ (and in the fake
 kernels under meta_kernels), so errors read the same however the op is reached.
+
+One pattern for every wrapper, two bodies with the same logic:
+
+- the public one calls the C++ entry behind each OpOverload (``OpOverload._op``, bound once below as
+  ``_<op>_c``). OpOverload.__call__ only adds a Python frame and a check for ops with Python-level
+  dispatch, which ours are not (torch function and dispatch modes are still honoured in C++), and a small
+  call can't afford either; nor can it afford a runtime ``torch.compiler.is_compiling()`` branch (~0.4 us).
+- a twin decorated ``@traced_as(<public>)`` calls the OpOverloads themselves (``_<op>``): torch.compile
+  can't see into ``._op``, so it traces the twin instead and the OpOverloads land in the graph. Eager-only
+  work (spmm's transpose cache) lives in the public body only.
+
+``traced_as`` (torchops/_polyfills.py) registers the twin with ``torch.compiler.substitute_in_graph`` once
+torch._dynamo is imported, so ``import torchops`` does not import it. A new op's wrapper is thus::
+
+    _rms_norm, _rms_norm_c = _entries(torch.ops.myns.rms_norm.default)
+
+    def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+        ...  # docstring
+        return _rms_norm_c(input, weight, eps)
+
+    @traced_as(rms_norm)
+    def _rms_norm_traced(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+        return _rms_norm(input, weight, eps)
+
+Keyword-only schema arguments are passed by keyword to both entries (``..., weight_offset=weight_offset)``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
+from torchops._polyfills import traced_as
+
 __all__ = ["csr_spmm", "rms_norm", "spmm", "swiglu", "vector_add"]
 
-# Resolved once: attribute lookups through torch.ops cost about as much as a small kernel launch.
-_vector_add = torch.ops.myns.vector_add.default
-_vector_add_out = torch.ops.myns.vector_add_out.default
-_swiglu = torch.ops.myns.swiglu.default
-_rms_norm = torch.ops.myns.rms_norm.default
 
-# Each wrapper comes in two bodies with the same logic. The public one calls the C++ entry behind each
-# OpOverload (`._op`): OpOverload.__call__ only adds a Python frame and a check for ops with Python-level
-# dispatch, which ours are not (torch function and dispatch modes are still honoured in C++), and a
-# small call can't afford either. torch.compile can't see into `._op`, so the second body, registered
-# with substitute_in_graph, is what dynamo traces instead: it calls the OpOverloads, which land in the
-# graph. (A runtime `is_compiling()` branch would cost eager calls ~0.4 us.)
-_vector_add_c = _vector_add._op
-_vector_add_out_c = _vector_add_out._op
-_swiglu_c = _swiglu._op
-_rms_norm_c = _rms_norm._op
-_csr_spmm = torch.ops.myns.csr_spmm.default
-_csr_spmm_with_transpose = torch.ops.myns._csr_spmm_with_transpose.default
+def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
+    """The OpOverload (for traced bodies) and its C++ entry (for eager bodies), resolved once: attribute
+    lookups through torch.ops cost about as much as a small kernel launch."""
+    return overload, overload._op
+
+
+_vector_add, _vector_add_c = _entries(torch.ops.myns.vector_add.default)
+_vector_add_out, _vector_add_out_c = _entries(torch.ops.myns.vector_add_out.default)
+_swiglu, _swiglu_c = _entries(torch.ops.myns.swiglu.default)
+_rms_norm, _rms_norm_c = _entries(torch.ops.myns.rms_norm.default)
+_csr_spmm, _csr_spmm_c = _entries(torch.ops.myns.csr_spmm.default)
+_csr_spmm_with_transpose, _csr_spmm_with_transpose_c = _entries(torch.ops.myns._csr_spmm_with_transpose.default)
 _csr_transpose = torch.ops.myns._csr_transpose.default
-# csr_spmm and spmm branch on this (spmm caches a transpose only in eager mode).
-_is_compiling = torch.compiler.is_compiling
 
 
 def vector_add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
@@ -58,7 +79,7 @@ def vector_add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
     return out
 
 
-@torch.compiler.substitute_in_graph(vector_add)
+@traced_as(vector_add)
 def _vector_add_traced(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
     if out is None:
         return _vector_add(a, b)
@@ -90,7 +111,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return _swiglu_c(gate, up)
 
 
-@torch.compiler.substitute_in_graph(swiglu)
+@traced_as(swiglu)
 def _swiglu_traced(gate: Tensor, up: Tensor) -> Tensor:
     return _swiglu(gate, up)
 
@@ -119,19 +140,24 @@ def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> 
     return _rms_norm_c(input, weight, eps)
 
 
-@torch.compiler.substitute_in_graph(rms_norm)
+@traced_as(rms_norm)
 def _rms_norm_traced(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
     return _rms_norm(input, weight, eps)
 
 
-def _check_csr_invariants(op: str, crow: Tensor, col: Tensor, K: int) -> None:
+def _check_csr_invariants(op: str, crow: Tensor, col: Tensor, dense: Tensor) -> None:
     """The CPU kernels' structure checks, on any device (reads the indices: synchronises with the GPU).
 
-    Arguments whose metadata is wrong (not 1-D, not integers, ...) are left to the op, which names them.
+    Arguments whose metadata is wrong (not 1-D, not integers, a dense that is not 2-D, ...) are left to the
+    op, which names them. Meta and fake tensors (torch.compile, torch.export, FakeTensorMode) have no data
+    to read: they are not checked.
     """
-    if crow.dim() != 1 or col.dim() != 1 or crow.numel() < 1 or crow.dtype not in (torch.int32, torch.int64):
+    if (crow.dim() != 1 or col.dim() != 1 or crow.numel() < 1 or crow.dtype not in (torch.int32, torch.int64)
+            or dense.dim() != 2):
         return
-    nnz, M = col.numel(), crow.numel() - 1
+    if crow.is_meta or col.is_meta or torch._guards.detect_fake_mode((crow, col)) is not None:
+        return
+    nnz, M, K = col.numel(), crow.numel() - 1, dense.size(0)
 
     def fail(msg: str) -> None:
         raise RuntimeError(f"myns::{op}: {msg}")
@@ -168,7 +194,10 @@ def csr_spmm(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: T
             crow_indices[M] = nnz, 0 <= col < K) and raise a RuntimeError naming the first bad entry. The CPU
             kernel always validates; the CUDA kernel never does (no synchronisation), and on malformed
             indices returns an unspecified result without reading or writing out of bounds. This check
-            reads the indices (a GPU sync), so it is meant for eager code, not torch.compile.
+            reads the indices (a GPU sync), so it is meant for eager code: meta and fake tensors (as
+            torch.compile and torch.export trace with) are not checked, having no data to read, and under
+            ``torch.compile`` it breaks the graph. Malformed metadata (shapes, dtypes, devices) is
+            reported by the op, as without the flag.
 
     Returns:
         A new contiguous M x N tensor of ``values``' dtype.
@@ -178,14 +207,34 @@ def csr_spmm(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: T
     ``torch.export``, TorchScript (as ``torch.ops.myns.csr_spmm``) and AOTInductor.
     """
     if check_invariants:
-        _check_csr_invariants("csr_spmm", crow_indices, col_indices, dense.size(0) if dense.dim() == 2 else 0)
-    op = _csr_spmm if _is_compiling() else _csr_spmm._op
-    return op(crow_indices, col_indices, values, dense)
+        _check_csr_invariants("csr_spmm", crow_indices, col_indices, dense)
+    return _csr_spmm_c(crow_indices, col_indices, values, dense)
+
+
+@traced_as(csr_spmm)
+def _csr_spmm_traced(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: Tensor, *,
+                     check_invariants: bool = False) -> Tensor:
+    if check_invariants:
+        _check_csr_invariants("csr_spmm", crow_indices, col_indices, dense)
+    return _csr_spmm(crow_indices, col_indices, values, dense)
 
 
 class _Transpose(NamedTuple):
-    key: tuple[int, ...]  # what it was computed from: crow/col data pointers and versions, K
+    # Private copies of the structure the transpose was computed from, compared on every hit: an in-place
+    # change to A's indices through another tensor sharing their memory (the tensors A was built from, a
+    # numpy view, .data) bumps no version counter that A can see, so nothing short of the contents proves
+    # the entry current.
+    crow: Tensor
+    col: Tensor
+    K: int
     tensors: tuple[Tensor, Tensor, Tensor]  # t_crow_indices, t_col_indices, t_perm
+
+    def computed_from(self, crow: Tensor, col: Tensor, K: int) -> bool:
+        return K == self.K and _same_contents(crow, self.crow) and _same_contents(col, self.col)
+
+
+def _same_contents(a: Tensor, b: Tensor) -> bool:
+    return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and torch.equal(a, b)
 
 
 # One transpose per sparse tensor, dropped with it. Keyed by identity: a CSR tensor built anew each call
@@ -195,12 +244,18 @@ _TRANSPOSE_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 def _cached_transpose(A: Tensor, crow: Tensor, col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     K = A.size(1)
-    key = (crow.data_ptr(), col.data_ptr(), crow._version, col._version, K)
     entry = _TRANSPOSE_CACHE.get(A)
-    if entry is None or entry.key != key:
-        entry = _Transpose(key, tuple(_csr_transpose(crow, col, K)))
+    if entry is None or not entry.computed_from(crow, col, K):
+        entry = _Transpose(crow.clone(), col.clone(), K, tuple(_csr_transpose(crow, col, K)))
         _TRANSPOSE_CACHE[A] = entry
     return entry.tensors
+
+
+def _check_spmm_args(A: Tensor, dense: Tensor) -> None:
+    if A.layout != torch.sparse_csr or A.dim() != 2:
+        raise RuntimeError(f"torchops.spmm: A must be a 2-D sparse CSR tensor, got layout {A.layout} with {A.dim()} dims")
+    if dense.dim() == 2 and A.size(1) != dense.size(0):
+        raise RuntimeError(f"torchops.spmm: A is {A.size(0)} x {A.size(1)} but dense has {dense.size(0)} rows")
 
 
 def spmm(A: Tensor, dense: Tensor) -> Tensor:
@@ -208,18 +263,21 @@ def spmm(A: Tensor, dense: Tensor) -> Tensor:
 
     Gradients flow to ``dense`` and to ``A`` (through ``A.values()``; ``A.grad`` is then a sparse CSR
     tensor with A's structure). When ``dense`` needs a gradient, the transposed structure of ``A`` (a
-    stable sort of its nonzeros by column) is computed once and cached on ``A`` (dropped with it, and
-    recomputed if A's index tensors are modified in place): a GNN layer that multiplies by the same
-    adjacency every step then pays for the transpose once, and each backward is one SDDMM plus one SpMM.
-    Under ``torch.compile`` nothing is cached (call :func:`csr_spmm` with the index tensors there).
+    stable sort of its nonzeros by column) is computed once and cached on ``A`` (dropped with it), with a
+    private copy of A's indices: each later call compares A's indices with that copy (one pass over them;
+    on CUDA a synchronisation) and recomputes the transpose if they changed in place by any route. A GNN
+    layer that multiplies by the same adjacency every step then pays for the transpose once, and each
+    backward is one SDDMM plus one SpMM. Under ``torch.compile`` nothing is cached (call
+    :func:`csr_spmm` with the index tensors there).
     """
-    if A.layout != torch.sparse_csr or A.dim() != 2:
-        raise RuntimeError(f"torchops.spmm: A must be a 2-D sparse CSR tensor, got layout {A.layout} with {A.dim()} dims")
-    if dense.dim() == 2 and A.size(1) != dense.size(0):
-        raise RuntimeError(f"torchops.spmm: A is {A.size(0)} x {A.size(1)} but dense has {dense.size(0)} rows")
+    _check_spmm_args(A, dense)
     crow, col, values = A.crow_indices(), A.col_indices(), A.values()
-    if _is_compiling():
-        return _csr_spmm(crow, col, values, dense)
     if torch.is_grad_enabled() and dense.requires_grad:
-        return _csr_spmm_with_transpose._op(crow, col, values, dense, *_cached_transpose(A, crow, col))
-    return _csr_spmm._op(crow, col, values, dense)
+        return _csr_spmm_with_transpose_c(crow, col, values, dense, *_cached_transpose(A, crow, col))
+    return _csr_spmm_c(crow, col, values, dense)
+
+
+@traced_as(spmm)
+def _spmm_traced(A: Tensor, dense: Tensor) -> Tensor:
+    _check_spmm_args(A, dense)
+    return _csr_spmm(A.crow_indices(), A.col_indices(), A.values(), dense)
