@@ -267,8 +267,9 @@ def spmm(A: Tensor, dense: Tensor) -> Tensor:
     private copy of A's indices: each later call compares A's indices with that copy (one pass over them;
     on CUDA a synchronisation) and recomputes the transpose if they changed in place by any route. A GNN
     layer that multiplies by the same adjacency every step then pays for the transpose once, and each
-    backward is one SDDMM plus one SpMM. Under ``torch.compile`` nothing is cached (call
-    :func:`csr_spmm` with the index tensors there).
+    backward is one SDDMM plus one SpMM. ``torch.compile`` does not take sparse tensors: it breaks the
+    graph at ``A`` and this function runs eagerly there; in compiled code, call :func:`csr_spmm` with A's
+    index tensors. Traced code never caches.
     """
     _check_spmm_args(A, dense)
     crow, col, values = A.crow_indices(), A.col_indices(), A.values()
