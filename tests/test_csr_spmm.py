@@ -189,7 +189,7 @@ def _spmm_dense_grad(A: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
 
 def _expected_dense_grad(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, k: int, n: int) -> torch.Tensor:
     a = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), k).to_dense()
-    return (a.t() @ torch.ones(a.size(0), n, dtype=torch.float64)).to(values.dtype)
+    return (a.t() @ torch.ones(a.size(0), n, dtype=torch.float64)).to(values.device, values.dtype)
 
 
 def test_spmm_transpose_cache_sees_changes_through_the_tensors_a_was_built_from() -> None:
