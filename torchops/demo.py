@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(nodes, features, generator=gen).to(device)
     labels = torch.randint(0, classes, (nodes,), generator=gen).to(device)
     graph_batches = [((crow, col, values, x), labels)] * args.steps  # full-batch training on one graph
+    adjacency = torch.sparse_csr_tensor(crow, col, values, (nodes, nodes))
+    torch.testing.assert_close(torchops.spmm(adjacency, x), adjacency @ x, rtol=1e-5, atol=1e-5)
+    print("\ntorchops.spmm(A, X) on a torch sparse CSR tensor == A @ X (it caches A's transpose for the backward)")
     ok &= compare(f"GCN: A relu(A X W1) W2, {nodes} nodes, {col.numel()} nonzeros, {features} features",
                   lambda use: GCN(features, 32, classes, use), graph_batches, F.cross_entropy, 0.5, device)
 
