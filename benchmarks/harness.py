@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from benchmarks import bars as bar_table
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 DTYPES: dict[str, torch.dtype] = {
@@ -42,7 +44,7 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
 MiB = 1 << 20
-GPU_COPY_MIN_BYTES = 256 * MiB  # DESIGN §5: bandwidth figures need buffers far larger than L2 (50 MB on H200).
+GPU_COPY_MIN_BYTES = bar_table.LARGE  # bandwidth figures need buffers far larger than the L2 (50 MB on an H200)
 CPU_COPY_MIN_BYTES = 64 * MiB  # well past the last-level cache of a typical CPU.
 # CPU timing (time_all_ms): seconds of warm-up calls, then rounds of at least this many seconds per function.
 CPU_WARMUP_S, CPU_WARMUP_S_QUICK = 1.0, 0.1
@@ -508,9 +510,7 @@ def check_bars(results: Sequence[Result], op: str, device: str, bars: Sequence[A
     rather than passing quietly.
     """
     if bars is None:
-        from benchmarks.bars import bars_for
-
-        bars = bars_for(op, device)
+        bars = bar_table.bars_for(op, device)
     index = {(r.op, r.case, r.dtype, r.shape, r.impl): r for r in results}
     verdicts: list[Verdict] = []
     for bar in bars:

@@ -97,7 +97,7 @@ def test_bar_geomean_and_size_floor():
 def test_main_exits_non_zero_on_a_missed_bar_and_on_a_wrong_result(tmp_path, monkeypatch):
     monkeypatch.setattr(H, "copy_bandwidth", lambda device, nbytes, quick=False: 1e10)
     bars = [Bar("toy", "cpu", "vs eager", 1.0, ("fwd",), ("f32",), "test")]
-    monkeypatch.setattr("benchmarks.bars.BARS", bars)
+    monkeypatch.setattr("benchmarks.bars.BARS", bars)  # what bar_table.bars_for reads
 
     def run_with(ms_ours: float, wrong: bool = False):
         def run(args, ctx):
