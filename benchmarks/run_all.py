@@ -1,5 +1,8 @@
 """Run every ``benchmarks/bench_*.py`` with the same arguments; exit non-zero if any of them fails.
 
+A bench fails on a wrong result, a missed bar of ``benchmarks/bars.py`` or a bar whose cases did not run;
+``--quick`` (small sizes, a smoke run) skips the bars and says so in each bench's output.
+
 One entry point for ``make bench`` and ``scripts/gpu_check.sh``:
 
     python benchmarks/run_all.py [--device cuda|cpu] [--quick] [--dtypes ...] [--out-dir DIR]
