@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-place-built `torchops`) importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,7 +41,7 @@ def reference_math(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-BAR_SHAPE = (16384, 14336)  # where DESIGN.md §6 / the issue judge the bars
+BAR_SHAPE = (16384, 14336)  # where benchmarks/bars.py judges swiglu (a LLaMA-3-8B MLP at 16k tokens)
 
 
 def shapes(device: str, quick: bool, only: str = "") -> list[tuple[int, int]]:
@@ -90,8 +90,7 @@ def peak_fwd_bwd_bytes(fn: Callable, x: torch.Tensor, grad: torch.Tensor) -> int
     return peak
 
 
-def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> list[H.Result]:
-    out: list[H.Result] = []
+def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> Iterator[H.Result]:
     for dtype in args.dtypes:
         for layout in args.layouts:
             for tokens, hidden in shapes(args.device, args.quick, args.shapes):
@@ -105,6 +104,7 @@ def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> list[H
                     # Static shapes: Inductor's best case for each shape (one compile per shape).
                     impls[COMPILED] = torch.compile(reference_math, dynamic=False)
                 common = dict(op=OP, dtype=dtype, shape=shape, numel=n, device=args.device, copy_bps=copy_bps)
+                out: list[H.Result] = []  # this shape's rows, handed on once the shape is done
 
                 def emit(case: str, times: dict[str, float], tensors_moved: int) -> None:
                     for name, ms in times.items():
@@ -150,12 +150,12 @@ def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> list[H
                 del gate, up, grad, impls
                 H.free_memory(args.device)
                 print(f"  {H.DTYPE_NAMES[dtype]} {layout} {shape} done", file=sys.stderr, flush=True)
-    return out
+                yield from out
 
 
 def summarize(results: Sequence[H.Result], device: str, copy_bps: float) -> str:
-    """The §6 figures (swiglu fwd and bwd >= 1.00x compiled, >= 1.7x eager) at 16384 x 14336 when measured,
-    else at the largest shape measured."""
+    """The figures the bars are about (vs eager, vs compiled, % of copy) at 16384 x 14336 when measured, else at
+    the largest shape measured; the bars themselves are checked by the harness."""
     measured = {r.numel for r in results if r.op == OP}
     top = BAR_SHAPE[0] * BAR_SHAPE[1] if BAR_SHAPE[0] * BAR_SHAPE[1] in measured else max(measured, default=0)
     parts: list[str] = []
@@ -170,11 +170,6 @@ def summarize(results: Sequence[H.Result], device: str, copy_bps: float) -> str:
                 text += f", {vs_c:.2f}× compiled"
             if device == "cuda":
                 text += f", {r.pct_copy:.1f}% of copy"
-                copy_bar = 90.0 if case.startswith("fwd") else 85.0  # issue 3: fwd >= 90%, bwd >= 85% of copy
-                missed = [want for ok, want in ((r.speedup >= 1.7, ">=1.7x eager"),
-                                                (vs_c is None or vs_c >= 1.0, ">=1.00x compiled"),
-                                                (r.pct_copy >= copy_bar, f">={copy_bar:.0f}% of copy")) if not ok]
-                text += f" (bar MISSED: {', '.join(missed)})" if missed else " (bar ok)"
             parts.append(text)
         peak = {r.impl: r for r in results if r.numel == top and r.dtype == dt and r.case == "peak MiB fwd+bwd"}
         if IMPL in peak and EAGER in peak:
@@ -187,35 +182,40 @@ def summarize(results: Sequence[H.Result], device: str, copy_bps: float) -> str:
     return f"Summary swiglu ({shape}; speedup > 1 = faster): " + "; ".join(parts)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = H.make_parser(__doc__.splitlines()[0], default_dtypes=("bf16", "f32"))
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layouts", default="chunk", help="comma-separated subset of chunk,contiguous (default: %(default)s)")
     parser.add_argument("--shapes", default="", help="comma-separated TOKENSxHIDDEN list replacing the default shapes")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile baseline")
-    args = H.parse_args(parser, argv)
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
     if not args.layouts or any(s not in ("chunk", "contiguous") for s in args.layouts):
         parser.error("--layouts: choose from chunk, contiguous")
-    try:
-        import torchops
-    except ImportError as e:
-        print(f"torchops is not importable ({e}); build it first (see README / `make`).", file=sys.stderr)
-        return 2
 
-    floor = H.GPU_COPY_MIN_BYTES if args.device == "cuda" else H.CPU_COPY_MIN_BYTES
-    largest = max(t * h for t, h in shapes(args.device, args.quick, args.shapes)) * max(d.itemsize for d in args.dtypes)
-    copy_bytes = max(floor, largest)
-    copy_bps = H.copy_bandwidth(args.device, copy_bytes, quick=args.quick)
-    copy_row = H.Result(op="copy_", case="copy", dtype="u8", shape=f"{copy_bytes >> 20} MiB", numel=copy_bytes,
-                        impl="dst.copy_(src)", device=args.device, ms=2 * copy_bytes / copy_bps * 1e3,
-                        nbytes=2 * copy_bytes, tbps=copy_bps / 1e12, pct_copy=100.0)
 
-    results = [copy_row] + bench(args, torchops.swiglu, copy_bps)
-    summary = summarize(results, args.device, copy_bps)
-    H.emit(results, f"{OP}_{args.device}" + ("_quick" if args.quick else ""), out_dir=args.out_dir, summary=summary,
-           meta={"copy_bytes": copy_bytes, "copy_tbps": copy_bps / 1e12, "layouts": args.layouts,
-                 "compile": args.compile})
-    return 0
+def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
+    import torchops
+
+    yield from bench(args, torchops.swiglu, ctx.copy_bps)
+
+
+BENCH = H.Bench(
+    op=OP,
+    description=__doc__.splitlines()[0],
+    run=run,
+    largest_operand=lambda args: (max(t * h for t, h in shapes(args.device, args.quick, args.shapes))
+                                  * max(d.itemsize for d in args.dtypes)),
+    default_dtypes=("bf16", "f32"),
+    add_arguments=add_arguments,
+    check_arguments=check_arguments,
+    summarize=lambda results, args, ctx: summarize(results, args.device, ctx.copy_bps),
+    meta=lambda args: {"layouts": args.layouts, "compile": args.compile},
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return H.main(BENCH, argv)
 
 
 if __name__ == "__main__":

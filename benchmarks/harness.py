@@ -1,9 +1,14 @@
-"""Shared benchmark harness: timing, bandwidth, host cost, result records and output.
+"""Shared benchmark harness: the CLI, timing, the copy reference, result records, output and bar checks.
 
-Every ``bench_<op>.py`` uses these helpers so all ops are measured the same way (DESIGN.md §5):
-GPU kernels are timed with ``triton.testing.do_bench`` (median) or CUDA events, CPU code with
-``torch.utils.benchmark.Timer``; bandwidth is reported against a device-to-device copy measured in the
-same run; CPU figures are reported as ratios only.
+A ``bench_<op>.py`` declares only what it measures (a ``Bench``: its options, its cases, the size of its
+largest operand) and calls ``main(BENCH)``; its bars live in ``benchmarks/bars.py``. ``main`` parses the
+shared options, measures the device copy, runs the cases, writes JSON (+ a PNG plot when matplotlib
+imports) and a Markdown table, then checks the op's bars for that device and exits non-zero on a missed bar,
+a bar without data or a wrong result. Timing follows one rule for every op: GPU kernels with
+``triton.testing.do_bench`` (median) or CUDA events, CPU code with ``torch.utils.benchmark.Timer``;
+bandwidth is reported against a device-to-device copy measured in the same run; CPU figures are ratios.
+
+    python -m benchmarks.harness results/vector_add_cuda.json ...   # re-print table + bars, re-draw plot
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from benchmarks import bars as bar_table
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 DTYPES: dict[str, torch.dtype] = {
@@ -37,12 +44,14 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 
 MiB = 1 << 20
-GPU_COPY_MIN_BYTES = 256 * MiB  # DESIGN §5: bandwidth figures need buffers far larger than L2 (50 MB on H200).
+GPU_COPY_MIN_BYTES = bar_table.LARGE  # bandwidth figures need buffers far larger than the L2 (50 MB on an H200)
 CPU_COPY_MIN_BYTES = 64 * MiB  # well past the last-level cache of a typical CPU.
 # CPU timing (time_all_ms): seconds of warm-up calls, then rounds of at least this many seconds per function.
 CPU_WARMUP_S, CPU_WARMUP_S_QUICK = 1.0, 0.1
 CPU_ROUNDS, CPU_ROUNDS_QUICK = 6, 2
 CPU_ROUND_S, CPU_ROUND_S_QUICK = 0.1, 0.025
+# The CPU timer's clock (warm-up deadline and timed blocks); tests replace it with a fake one.
+CLOCK: Callable[[], float] = time.perf_counter
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -148,20 +157,24 @@ def time_all_ms(fns: dict[str, Callable[[], Any]], device: str, *, quick: bool =
     Before timing, the functions run in turns for a warm-up time rather than a call count: on a VM with free
     page reporting, such as this project's, the first calls after a pause re-fault memory the hypervisor
     took back while it lay free, and ran 3-4x slower than a loop's steady state for ~0.4 s, long enough to
-    fill a whole measurement (benchmarks/RESULTS.md, "swiglu — CPU").
+    fill a whole measurement (benchmarks/history/log.md, "swiglu — CPU").
     """
     if device == "cuda":
         return {name: time_ms(fn, device, quick=quick) for name, fn in fns.items()}
     import torch.utils.benchmark as torch_benchmark  # lazy: it pulls in cpp_extension, which GPU runs never need
 
-    deadline = time.perf_counter() + (CPU_WARMUP_S_QUICK if quick else CPU_WARMUP_S)
+    clock = CLOCK
+    deadline = clock() + (CPU_WARMUP_S_QUICK if quick else CPU_WARMUP_S)
     while True:
         for fn in fns.values():
             fn()
-        if time.perf_counter() >= deadline:
+        if clock() >= deadline:
             break
     # num_threads: Timer defaults to 1 thread; measure with the process setting (--threads) instead.
-    timers = {name: torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    # timer: only when replaced, so real runs keep Timer's own default clock.
+    timer_kw = {} if clock is time.perf_counter else {"timer": clock}
+    timers = {name: torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads(),
+                                          **timer_kw)
               for name, fn in fns.items()}
     blocks: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(CPU_ROUNDS_QUICK if quick else CPU_ROUNDS):
@@ -424,11 +437,14 @@ def emit(
     summary: str = "",
     meta: dict[str, Any] | None = None,
     ratios_only: bool | None = None,
+    bars: Sequence[Verdict] | None = None,
+    bars_note: str = "",
 ) -> None:
     """Write ``<out_dir>/<name>.json`` (+ ``.png`` when matplotlib imports), then print the Markdown table.
 
-    The table (and ``summary`` after it) is printed last so it is what a reader sees at the end of the log.
-    ``ratios_only`` defaults to True when every result is from the CPU (DESIGN §5: CPU numbers are ratios).
+    The table (then ``summary``, then the bar verdicts or ``bars_note``) is printed last so it is what a
+    reader sees at the end of the log. ``ratios_only`` defaults to True when every result is from the CPU
+    (CPU numbers are ratios: the machines are small and shared).
     """
     out_dir = Path(out_dir) if out_dir is not None else RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -442,6 +458,8 @@ def emit(
         "ratios_only": ratios_only,
         "meta": meta or {},
         "summary": summary,
+        "bars": [dataclasses.asdict(v) for v in bars or ()],
+        "bars_note": bars_note,
         "results": [dataclasses.asdict(r) for r in results],
     }
     json_path = out_dir / f"{name}.json"
@@ -460,4 +478,223 @@ def emit(
     print(markdown_table(results, ratios_only=ratios_only))
     if summary:
         print(f"\n{summary}")
+    if bars or bars_note:
+        print("\n" + format_bars(bars or (), bars_note))
     sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------------------------- bars
+
+
+@dataclasses.dataclass
+class Verdict:
+    """One bar judged for one dtype: ``status`` is "ok", "MISSED" or "NO DATA" (rows the bar needs are absent)."""
+
+    bar: str
+    dtype: str
+    status: str
+    detail: str
+
+
+def _bar_value(bar: Any, row: Result, index: dict[tuple, Result]) -> float | None:
+    if bar.metric == "pct_copy":
+        return row.pct_copy
+    other = index.get((row.op, row.case, row.dtype, row.shape, bar.metric.removeprefix("vs ")))
+    return None if other is None or not row.ms else other.ms / row.ms
+
+
+def check_bars(results: Sequence[Result], op: str, device: str, bars: Sequence[Any] | None = None) -> list[Verdict]:
+    """Judge ``op``'s bars for ``device`` (``benchmarks/bars.py``, unless ``bars`` is given) on these results.
+
+    Every (case, dtype, shape) a bar names must have been measured; what is absent is reported as NO DATA
+    rather than passing quietly.
+    """
+    if bars is None:
+        bars = bar_table.bars_for(op, device)
+    index = {(r.op, r.case, r.dtype, r.shape, r.impl): r for r in results}
+    verdicts: list[Verdict] = []
+    for bar in bars:
+        for dtype in bar.dtypes:
+            values: list[tuple[float, Result]] = []
+            missing: list[str] = []
+            for case in bar.cases:
+                rows = [r for r in results if r.op == bar.op and r.case == case and r.dtype == dtype
+                        and r.impl == bar.impl and (r.nbytes or 0) >= bar.min_nbytes]
+                found = [(v, r) for r in rows if (v := _bar_value(bar, r, index)) is not None]
+                shapes_found = {r.shape for _, r in found}
+                wanted = bar.shapes or (sorted(shapes_found) or ["any size"])
+                missing += [f"{case} {shape}" for shape in wanted if shape not in shapes_found]
+                values += [(v, r) for v, r in found if not bar.shapes or r.shape in bar.shapes]
+            unit = "%" if bar.metric == "pct_copy" else "x"
+            if missing:
+                verdicts.append(Verdict(bar.label, dtype, "NO DATA", "not measured: " + ", ".join(missing)))
+                continue
+            worst_v, worst = min(values, key=lambda vr: vr[0])
+            at = f"{worst.case} {worst.shape}"
+            if bar.reduce == "geomean":
+                got = geomean(v for v, _ in values)
+                detail = f"geomean {got:.3f}{unit} over {len(values)} (worst {worst_v:.3f}{unit} at {at})"
+            else:
+                got = worst_v
+                detail = f"worst {got:.3f}{unit} at {at}" + (f" ({len(values)} cases)" if len(values) > 1 else "")
+            verdicts.append(Verdict(bar.label, dtype, "ok" if got >= bar.at_least else "MISSED", detail))
+    return verdicts
+
+
+def format_bars(verdicts: Sequence[Verdict], note: str = "") -> str:
+    lines = ["Bars (benchmarks/bars.py):"]
+    if note:
+        lines.append(f"  {note}")
+    for v in verdicts:
+        lines.append(f"  [{v.status}] {v.bar} ({v.dtype}): {v.detail}")
+    if verdicts and not note:
+        bad = sum(v.status != "ok" for v in verdicts)
+        lines.append(f"  {len(verdicts) - bad}/{len(verdicts)} met" + (f", {bad} NOT MET" if bad else ""))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+
+@dataclasses.dataclass
+class Context:
+    """What a bench's cases get besides the parsed options: the copy reference and a place to report failures."""
+
+    device: str
+    quick: bool
+    copy_bps: float | None = None
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    def fail(self, what: str) -> None:
+        """Record a wrong result (or other failure) and carry on measuring; the run will exit non-zero."""
+        print(f"FAILED: {what}", file=sys.stderr, flush=True)
+        self.failures.append(what.splitlines()[0] if what.strip() else what)
+
+
+@dataclasses.dataclass
+class Bench:
+    """What a ``bench_<op>.py`` declares; ``main`` does everything else.
+
+    run              (args, ctx) -> the Result rows; may be a generator, so rows measured before a failure count
+    largest_operand  (args) -> bytes of the largest tensor read, so the copy buffer is at least as large
+    add_arguments    adds the script's own options to the shared parser
+    check_arguments  (parser, args): validates/converts them (call parser.error on bad input)
+    summarize        (results, args, ctx) -> one line for the log, after the table
+    meta             (args) -> extra fields for the JSON
+    copy_reference   False: the op reports no bandwidth, so no copy is measured
+    """
+
+    op: str
+    description: str
+    run: Callable[[argparse.Namespace, Context], Iterable[Result]]
+    largest_operand: Callable[[argparse.Namespace], int] = lambda args: 0
+    default_dtypes: Sequence[str] = ("f32", "bf16", "f16")
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    check_arguments: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None
+    summarize: Callable[[Sequence[Result], argparse.Namespace, Context], str] | None = None
+    meta: Callable[[argparse.Namespace], dict[str, Any]] | None = None
+    copy_reference: bool = True
+
+
+def copy_result(device: str, nbytes: int, *, quick: bool = False) -> tuple[Result, float]:
+    """The copy reference row (``dst.copy_(src)`` of ``nbytes``) and its bandwidth in bytes/s."""
+    bps = copy_bandwidth(device, nbytes, quick=quick)
+    row = Result(op="copy_", case="copy", dtype="u8", shape=f"{nbytes >> 20} MiB", numel=nbytes,
+                 impl="dst.copy_(src)", device=device, ms=2 * nbytes / bps * 1e3, nbytes=2 * nbytes,
+                 tbps=bps / 1e12, pct_copy=100.0)
+    return row, bps
+
+
+def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
+    """Parse, measure the copy, run the cases, write and print the results, check the bars.
+
+    Exit status: 0 when every bar of the op on this device is met (or bars were skipped on request and
+    nothing failed), 1 on a missed bar, a bar without data or a wrong result, 2 when torchops is not built.
+    """
+    parser = make_parser(bench.description, bench.default_dtypes)
+    parser.add_argument("--no-bars", action="store_true", help="measure only; do not check benchmarks/bars.py")
+    if bench.add_arguments is not None:
+        bench.add_arguments(parser)
+    args = parse_args(parser, argv)
+    if bench.check_arguments is not None:
+        bench.check_arguments(parser, args)
+    try:
+        import torchops  # noqa: F401
+    except ImportError as e:
+        print(f"torchops is not importable ({e}); build it first (see README / `make`).", file=sys.stderr)
+        return 2
+
+    ctx = Context(device=args.device, quick=args.quick)
+    results: list[Result] = []
+    meta: dict[str, Any] = {"op": bench.op, "quick": args.quick}
+    if bench.copy_reference:
+        # Far past the caches, and at least as large as the largest operand.
+        floor = GPU_COPY_MIN_BYTES if args.device == "cuda" else CPU_COPY_MIN_BYTES
+        copy_bytes = max(floor, bench.largest_operand(args))
+        row, ctx.copy_bps = copy_result(args.device, copy_bytes, quick=args.quick)
+        results.append(row)
+        meta.update(copy_bytes=copy_bytes, copy_tbps=ctx.copy_bps / 1e12)
+    try:
+        for r in bench.run(args, ctx):
+            results.append(r)
+    except AssertionError as e:  # a wrong result: keep what was measured, fail at the end
+        ctx.fail(f"wrong result: {e}")
+    if not any(r.op == bench.op for r in results):
+        ctx.fail(f"no {bench.op} case ran")
+
+    if args.quick:
+        verdicts, note = [], "NOT CHECKED: --quick measures small sizes only, where the bars do not apply"
+    elif args.no_bars:
+        verdicts, note = [], "NOT CHECKED: --no-bars"
+    else:
+        verdicts, note = check_bars(results, bench.op, args.device), ""
+    if bench.meta is not None:
+        meta.update(bench.meta(args))
+    summary = bench.summarize(results, args, ctx) if bench.summarize is not None else ""
+    emit(results, f"{bench.op}_{args.device}" + ("_quick" if args.quick else ""), out_dir=args.out_dir,
+         summary=summary, meta=meta, bars=verdicts, bars_note=note)
+    return _verdict(bench.op, verdicts, ctx.failures)
+
+
+def _verdict(op: str, verdicts: Sequence[Verdict], failures: Sequence[str]) -> int:
+    problems = list(failures) + [f"{v.status}: {v.bar} ({v.dtype})" for v in verdicts if v.status != "ok"]
+    if problems:
+        print(f"\n{op}: FAILED\n" + "\n".join(f"  {p}" for p in problems), flush=True)
+        return 1
+    return 0
+
+
+def load(path: Path) -> tuple[dict[str, Any], list[Result]]:
+    """A JSON written by ``emit``: the whole document and its rows as Results."""
+    doc = json.loads(Path(path).read_text())
+    return doc, [Result(**r) for r in doc["results"]]
+
+
+def _rerender(paths: Sequence[str]) -> int:
+    """Print each JSON's table and bar verdicts again and redraw its PNG beside it; non-zero if a bar fails."""
+    rc = 0
+    for path in map(Path, paths):
+        doc, results = load(path)
+        env = doc["env"]
+        op = doc.get("meta", {}).get("op") or doc["name"].split("_cuda")[0].split("_cpu")[0]
+        print(f"\n## {doc['name']} — {env['device_name']}, torch {env['torch']}, {env['date']}\n")
+        print(f"Command: `{env['command']}`\n")
+        print(markdown_table(results, ratios_only=doc["ratios_only"]))
+        if doc.get("summary"):
+            print(f"\n{doc['summary']}")
+        quick = doc.get("meta", {}).get("quick", doc["name"].endswith("_quick"))
+        verdicts = [] if quick else check_bars(results, op, env["device"])
+        print("\n" + format_bars(verdicts, "NOT CHECKED: a --quick run" if quick else ""))
+        title = f"{doc['name']} on {env['device_name']}"
+        if _plot(results, path.with_suffix(".png"), ratios_only=doc["ratios_only"], title=title,
+                 copy_tbps=doc.get("meta", {}).get("copy_tbps")):
+            print(f"wrote {path.with_suffix('.png')}", file=sys.stderr)
+        rc |= _verdict(op, verdicts, [])
+    return rc
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        sys.exit(2)
+    sys.exit(_rerender(sys.argv[1:]))

@@ -1,4 +1,5 @@
-"""Shared test helpers: devices, tolerances, input makers, output poisoning and fresh-process runs."""
+"""Shared test helpers: devices, tolerances, input makers, output poisoning, graph inspection and
+fresh-process runs."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from typing import Any
 import pytest
 import torch
 
+from meta_kernels import _checks
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-INT_DTYPES = (torch.int32, torch.int64)
+# The supported dtypes, from the one list the fake kernels check against (which mirrors the C++ dispatch).
+FLOAT_DTYPES = _checks.FLOAT_DTYPES
+INT_DTYPES = tuple(d for d in _checks.FLOAT_AND_INT_DTYPES if not d.is_floating_point)
 
 # (rtol, atol) against a float64 reference rounded to the output dtype.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -98,3 +102,9 @@ def run_python(code: str, *, timeout: int = 600) -> str:
                           timeout=timeout, env=env, cwd=REPO_ROOT)
     assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
+
+
+def called_ops(graph_module: torch.fx.GraphModule) -> str:
+    """The targets of a graph's call_function nodes, one per line, in order: what an exported or compiled
+    graph runs. Node targets rather than generated code, whose formatting changes between torch releases."""
+    return "\n".join(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")

@@ -1,57 +1,155 @@
-"""CUDA-only behaviour: current stream, CUDA graphs, device guard on a second GPU, > 2^31 elements, and
-the dense path's alignment and tail handling at sizes around the vector width. Skipped without a GPU."""
+"""CUDA-only behaviour of every op in op_db: current stream, CUDA graphs, device guard on a second GPU,
+> 2^31 elements; then vector_add's own paths (dense alignment and tails, tiled transposes, 64-bit strided
+and tiled offsets). Skipped without a GPU."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pytest
 import torch
 
 import torchops
-from helpers import HAS_CUDA, poison_, random_tensor, requires_cuda
+from helpers import HAS_CUDA, assert_close_to_reference, poison_, random_tensor, requires_cuda
+from op_db import OpInfo, ops, upcast
 
 pytestmark = requires_cuda
 
 
-def test_runs_on_the_current_stream() -> None:
+# --- every op, through op_db: current stream, CUDA graphs, a second GPU, more than 2^31 elements ---------
+
+
+def _dtype(info: OpInfo) -> torch.dtype:
+    """float64 where the op has it, so comparisons between runs are free of rounding noise."""
+    return torch.float64 if torch.float64 in info.dtypes else info.dtypes[0]
+
+
+def _call(info: OpInfo, args: tuple) -> tuple[torch.Tensor, ...]:
+    """Run the op; its outputs as a tuple (an out= op's output is the argument it writes)."""
+    result = info.op(*args)
+    if info.mutated_arg is not None:
+        return (args[info.mutated_arg],)
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def _tensor_inputs(info: OpInfo, args: tuple) -> list[int]:
+    return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i != info.mutated_arg]
+
+
+def _assert_same(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], what: str) -> None:
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w, msg=lambda m: f"{what}, output {i}: {m}")
+
+
+@pytest.mark.parametrize("info", ops())
+def test_runs_on_the_current_stream(info: OpInfo) -> None:
+    args = info.sized_inputs("cuda", _dtype(info), 4099)
+    want = _call(info, args)
+    want = tuple(w.clone() for w in want)
+    # The data inputs (floating point; an index-only op's indices) start as zeros on the default stream and
+    # get their values on a side stream kept busy first: a kernel launched on any other stream than the
+    # current one reads the zeros and gives another answer.
+    inputs = _tensor_inputs(info, args)
+    delayed = [i for i in inputs if args[i].dtype.is_floating_point] or inputs
+    staged = list(args)
+    for i in delayed:
+        staged[i] = torch.zeros_like(args[i])
     side = torch.cuda.Stream()
-    a = torch.zeros(1 << 20, device="cuda")
-    b = torch.randn(1 << 20, device="cuda")
-    src = torch.randn(1 << 20, device="cuda")
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)  # keeps the side stream busy, so a kernel on another stream runs first
-        a.copy_(src)
-        out = torchops.vector_add(a, b)
+        torch.cuda._sleep(50_000_000)
+        for i in delayed:
+            staged[i].copy_(args[i])
+        got = _call(info, tuple(staged))
     side.synchronize()
-    torch.testing.assert_close(out, src + b)
+    _assert_same(got, want, f"{info.name} on a side stream")
 
 
-def test_cuda_graph_capture_and_replay() -> None:
-    a, b = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
-    out_buf = torch.empty(1000, device="cuda")
-    torchops.vector_add(a, b)  # warm up outside capture
+@pytest.mark.parametrize("info", ops())
+def test_cuda_graph_capture_and_replay(info: OpInfo) -> None:
+    args = info.sized_inputs("cuda", _dtype(info), 1000)
+    _call(info, args)  # warm up outside capture (lazy initialisation, workspace allocation)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = torchops.vector_add(a, b)
-        torchops.vector_add(out, b, out=out_buf)
-    for _ in range(3):
-        a.copy_(torch.randn_like(a))
-        b.copy_(torch.randn_like(b))
+        outs = _call(info, args)
+    for replay in range(3):
+        # New values in the captured inputs (the same structure: sized_inputs draws only the data at random),
+        # and poison in the outputs, so each replay must read the one and write all of the other.
+        fresh = info.sized_inputs("cuda", _dtype(info), 1000)
+        for i in _tensor_inputs(info, args):
+            args[i].copy_(fresh[i])
+        for out in outs:
+            poison_(out)
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out, a + b)
-        torch.testing.assert_close(out_buf, a + 2 * b)
+        _assert_same(outs, _call(info, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)),
+                     f"{info.name} replay {replay}")
 
 
 @pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_second_gpu_with_current_device_elsewhere() -> None:
+@pytest.mark.parametrize("info", ops())
+def test_second_gpu_with_current_device_elsewhere(info: OpInfo) -> None:
     torch.cuda.set_device(0)
-    a, b = torch.randn(4097, device="cuda:1"), torch.randn(4097, device="cuda:1")
-    out = torchops.vector_add(a, b)
-    assert out.device == torch.device("cuda:1")
-    torch.testing.assert_close(out, a + b)
-    with pytest.raises(RuntimeError, match=r"myns::vector_add: a and b must be on the same device, got cuda:0 and cuda:1"):
-        torchops.vector_add(a.to("cuda:0"), b)
+    args = info.sized_inputs("cuda:1", _dtype(info), 4097)
+    got = _call(info, args)
+    assert all(out.device == torch.device("cuda:1") for out in got), [out.device for out in got]
+    want = info.reference(*upcast(args))
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want, strict=True):
+        assert_close_to_reference(g.cpu(), w)
+    first = _tensor_inputs(info, args)[0]
+    moved = tuple(a.to("cuda:0") if i == first else a for i, a in enumerate(args))
+    with pytest.raises(RuntimeError, match=rf"myns::{info.name}: .*must be on the same device, got cuda:[01] and cuda:[01]"):
+        _call(info, moved)
+
+
+def _row_sized(info: OpInfo) -> int | None:
+    """Row width when every tensor input of the op is rows of n (or a per-column vector), else None: the ops
+    whose outputs are row by row, so a slice of rows can be recomputed on its own."""
+    args = info.sized_inputs("cpu", torch.float32, 7)
+    widths = {a.shape[1] for a in args if isinstance(a, torch.Tensor) and a.dim() == 2 and a.shape[0] == 7}
+    others = [a for a in args if isinstance(a, torch.Tensor) and not (a.dim() == 2 and a.shape[0] == 7)
+              and not (a.dim() == 1 and (a.shape[0] == 7 or a.shape[0] in widths))]
+    return widths.pop() if len(widths) == 1 and not others else None
+
+
+def _has_free_memory(nbytes: int) -> bool:
+    free, _ = torch.cuda.mem_get_info()
+    return free > nbytes
+
+
+# The csr ops are not among these: their sized inputs build the sparsity structure in Python lists, which
+# cannot reach 2^31 nonzeros in a test's time.
+@pytest.mark.skipif(not HAS_CUDA or not _has_free_memory(48 << 30), reason="needs ~48 GB of GPU memory")
+@pytest.mark.parametrize("info", ops(lambda info: torch.float16 in info.dtypes and _row_sized(info) is not None))
+def test_more_than_2_pow_31_elements(info: OpInfo) -> None:
+    width = _row_sized(info)
+    n = (1 << 31) // width + 4099  # past 2^31 elements, plus a tail that misses every vector width
+    args = info.sized_inputs("cuda", torch.float16, n)
+    outs = _call(info, args)
+    rows_outs = [i for i, out in enumerate(outs) if out.dim() >= 1 and out.shape[0] == n]
+    assert rows_outs, f"{info.name}: no output has a row per input row"
+    # Each half of the rows recomputed alone (under 2^31 elements: 32-bit offsets) must give the same rows,
+    # every one of them; compared a slice at a time to bound the temporaries.
+    split = n // 2 + 1
+    for half in (slice(0, split), slice(split, n)):
+        part = tuple(a[half] if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == n else a
+                     for a in args)
+        if info.mutated_arg is not None:
+            part = tuple(torch.empty_like(a) if i == info.mutated_arg else a for i, a in enumerate(part))
+        alone = _call(info, part)
+        for i in rows_outs:
+            full = outs[i][half]
+            step = 1 << 24
+            for start in range(0, full.shape[0], step):
+                rows = slice(start, start + step)
+                assert_close_to_reference(full[rows], alone[i][rows],
+                                          msg=lambda m: f"output {i}, rows {half.start + start}+: {m}")
+        del alone, part
+
+
+# --- vector_add's own paths: dense alignment and tails, tiled transposes, 64-bit strided/tiled offsets ---
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.int32])
@@ -82,22 +180,11 @@ def test_tiled_transpose_path_edges(shape) -> None:
         assert torch.equal(torchops.vector_add(a, b), torch.add(a, b))
 
 
-def _has_free_memory(nbytes: int) -> bool:
-    free, _ = torch.cuda.mem_get_info()
-    return free > nbytes
-
-
 @pytest.mark.skipif(not HAS_CUDA or not _has_free_memory(40 << 30), reason="needs ~40 GB of GPU memory")
-def test_more_than_2_pow_31_elements() -> None:
-    n = (1 << 31) + 4099  # 64-bit indexing in the dense path, plus a tail
-    a = torch.randn(n, dtype=torch.float16, device="cuda")
-    b = torch.randn(n, dtype=torch.float16, device="cuda")
-    out = torchops.vector_add(a, b)
-    assert torch.equal(out, torch.add(a, b))
-    del out
+def test_vector_add_strided_and_tiled_paths_past_2_pow_31_elements() -> None:
     # Strided 64-bit path: a row broadcast (strides (0, 1)) can't merge with its neighbour dimension.
     rows = 1 << 16
-    cols = n // rows + 1
+    cols = ((1 << 31) + 4099) // rows + 1
     c = torch.randn(1, cols, dtype=torch.float16, device="cuda").expand(rows, cols)
     d = torch.randn(rows, cols, dtype=torch.float16, device="cuda")
     assert c.numel() > 1 << 31

@@ -6,7 +6,7 @@ backward against float64 autograd of F.rms_norm. Used to compare kernel variants
 comparison with F.rms_norm and torch.compile is benchmarks/bench_rms_norm.py. Bytes: fwd = x read + y
 written; bwd = x and dy read + dx written (the weight, rstd and dweight are < 0.1%).
 
-    PYTHONPATH=$PWD python3 benchmarks/tuning/rms_norm_kernels.py
+    PYTHONPATH=$PWD python3 benchmarks/history/tuning/rms_norm_kernels.py
 """
 import torch, triton
 import torchops

@@ -10,9 +10,9 @@ strategies:
   huge+populate  both.
 Prints, per strategy, the per-call times of a 4 s loop and then of five calls that each follow a 2.5 s
 pause. The machine is a Firecracker VM with virtio free page reporting: memory left free for ~2 s goes
-back to the host and costs a host fault when touched again (benchmarks/RESULTS.md, "swiglu — CPU").
+back to the host and costs a host fault when touched again (benchmarks/history/log.md, "swiglu — CPU").
 
-    .venv/bin/python benchmarks/tuning/cpu_fresh_pages.py
+    .venv/bin/python benchmarks/history/tuning/cpu_fresh_pages.py
 """
 import ctypes
 import statistics

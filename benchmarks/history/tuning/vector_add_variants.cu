@@ -1,8 +1,8 @@
 // Tuning experiment for the dense vector_add kernel, outside torch: several launch shapes and memory
 // access styles timed against a device-to-device copy on the same buffers. Build and run on the GPU:
-//   nvcc -O3 -arch=sm_90 -o /tmp/variants benchmarks/tuning/vector_add_variants.cu && /tmp/variants
+//   nvcc -O3 -arch=sm_90 -o /tmp/variants benchmarks/history/tuning/vector_add_variants.cu && /tmp/variants
 // Prints GB/s counting 2 reads + 1 write per element. Kept as the record of how the shipped
-// configuration was chosen (see benchmarks/RESULTS.md).
+// configuration was chosen (see benchmarks/history/log.md).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

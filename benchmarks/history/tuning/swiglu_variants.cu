@@ -2,11 +2,11 @@
 // shapes and memory-access styles, timed against a device-to-device copy of the same size in the same
 // program. The inputs are the two halves of x.chunk(2, -1) of a (16384, 28672) bf16 tensor, read in place
 // (row stride 28672), the outputs dense (16384, 14336): the bench shape of issue 3, where torch.compile's
-// kernels ran at 102-103% of copy and ours at 98% (benchmarks/RESULTS.md). Build and run on the GPU:
-//   nvcc -O3 -arch=sm_90 -o /tmp/swiglu_variants benchmarks/tuning/swiglu_variants.cu && /tmp/swiglu_variants
+// kernels ran at 102-103% of copy and ours at 98% (benchmarks/history/log.md). Build and run on the GPU:
+//   nvcc -O3 -arch=sm_90 -o /tmp/swiglu_variants benchmarks/history/tuning/swiglu_variants.cu && /tmp/swiglu_variants
 // Prints, per variant, the median of 30 timed runs and % of copy, counting each operand read or written once.
 // Each variant's outputs are compared bit for bit with the first variant's (same math).
-// Run on the H200 on 2026-11-30 (RESULTS.md, "swiglu — launch shape"): every variant within 101-102% of copy
+// Run on the H200 on 2026-11-30 (benchmarks/history/log.md, "swiglu — launch shape"): every variant within 101-102% of copy
 // except evict-first loads (96%), contiguous vectors per thread (63-82%) and accurate math (88.5%); one
 // vector per thread was the best launch shape, which led to the shipped kernel's kRowsUnroll = 1.
 #include <cuda_bf16.h>

@@ -1,10 +1,10 @@
 """Per-call times of the swiglu f32 backward in a loop on the CPU, eager and torchops in turns.
 
 The bench reports medians; this prints means too, which count the occasional slow call that re-faults
-memory the VM's host took back (benchmarks/tuning/cpu_fresh_pages.py). Both backward callables replay
+memory the VM's host took back (benchmarks/history/tuning/cpu_fresh_pages.py). Both backward callables replay
 one forward's graph (as benchmarks/bench_swiglu.py does), 1024 x 14336, 2 threads, for 10 s:
 
-    .venv/bin/python benchmarks/tuning/cpu_swiglu_loop.py
+    .venv/bin/python benchmarks/history/tuning/cpu_swiglu_loop.py
 """
 import statistics
 import time

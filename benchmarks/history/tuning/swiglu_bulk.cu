@@ -1,12 +1,12 @@
 // Tuning experiment for swiglu on the H200, outside torch: does feeding the math with Hopper's bulk copy
 // engine (cp.async.bulk, 1-D, completing on an mbarrier; results written by plain stores or by bulk
 // stores from shared memory) move more bytes per second than the shipped one-vector-per-thread kernel,
-// which runs at parity with Inductor's (benchmarks/RESULTS.md)? bf16 and f32, forward and backward, on the
+// which runs at parity with Inductor's (benchmarks/history/log.md)? bf16 and f32, forward and backward, on the
 // bar shape of issue 3: the halves of x.chunk(2, -1) of a (16384, 28672) tensor read in place.
-//   nvcc -O3 -arch=sm_90 -o /tmp/swiglu_bulk benchmarks/tuning/swiglu_bulk.cu && /tmp/swiglu_bulk
+//   nvcc -O3 -arch=sm_90 -o /tmp/swiglu_bulk benchmarks/history/tuning/swiglu_bulk.cu && /tmp/swiglu_bulk
 // Prints per variant the median of 30 timed runs, % of a device-to-device copy timed in the same program,
 // and whether its output bits equal the reference (first) variant's.
-// Run on the H200 on 2026-11-30 (RESULTS.md, "swiglu — H200, fourth session"): the flat launch at full
+// Run on the H200 on 2026-11-30 (benchmarks/history/log.md, "swiglu — H200, fourth session"): the flat launch at full
 // occupancy was the fastest in every case (102-104% of copy); persistent grids ran at 91-94%, the bulk copy
 // engine at 88-95%, capped occupancy lost up to 30%, and f32 with the fast sigmoid ran as fast as without.
 #include <cuda_bf16.h>
