@@ -30,7 +30,7 @@ def dt(full: Tensor, mesh: Any, placement: Any, requires_grad: bool = False) -> 
     if isinstance(placement, Partial):
         parts = torch.rand((mesh.size(),) + tuple(full.shape), generator=torch.Generator().manual_seed(7), dtype=full.dtype)
         parts = parts / parts.sum(0) if full.numel() else parts
-        local = (full.detach() * parts[mesh.get_local_rank()]).to(full.device)
+        local = full.detach() * parts[mesh.get_local_rank()].to(full.device)
         d = DTensor.from_local(local, mesh, [Partial()], run_check=False)
         d = d.detach()
     else:
@@ -359,6 +359,14 @@ def check_tp_block(mesh: Any, device: str, compiled: str | None) -> int:
     ref, model = make_tp_block(mesh, device)
     torch.manual_seed(2)
     batches = [rand(2, 9, 16, device=device) for _ in range(3)]  # 9 tokens: uneven over 2 and 4 ranks
+    # The norms run sequence-sharded, as DTensors, on this rank's tokens only.
+    seen: list[Any] = []
+
+    def record(module: nn.Module, inputs: Any, output: Any) -> None:
+        seen.append((type(output), tuple(getattr(output, "placements", ()))))
+
+    norms = ("attention_norm", "ffn_norm", "norm")
+    hooks = [] if compiled else [getattr(model, n).register_forward_hook(record) for n in norms]
     if compiled:
         from torch._dynamo.testing import CompileCounterWithBackend
         from torch._dynamo.utils import counters
@@ -372,6 +380,10 @@ def check_tp_block(mesh: Any, device: str, compiled: str | None) -> int:
         model = torch.compile(model, backend=backend)
     ref_losses = train(ref, batches, lambda x: x)
     losses = train(model, batches, lambda x: distribute_tensor(x, mesh, [Shard(1)]))
+    for h in hooks:
+        h.remove()
+    if not compiled:
+        assert len(seen) == 3 * len(batches) and all(s == (DTensor, (Shard(1),)) for s in seen), seen
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-9, atol=1e-12,
                                msg=lambda m: f"TP block (compiled={compiled}) losses: {m}")
     assert ref_losses[-1] < ref_losses[0], ref_losses
