@@ -87,3 +87,45 @@ def test_gloo_world_size_4():
                     reason="needs two CUDA GPUs and NCCL")
 def test_nccl_world_size_2():
     spawn(2, "nccl", [*OP_CHECKS, "tp_block", "fsdp", "tp_block_compiled"])
+
+
+def test_norm_rules_read_arguments_by_name():
+    # The fused residual norm and the weight_offset argument: their rules, applied to schemas of that
+    # shape (a scratch namespace stands in where this build lacks the ops), place every tensor by name.
+    import types
+
+    import torchops.distributed as td
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    lib = torch.library.Library("torchops_dist_test", "FRAGMENT")  # noqa: TOR901
+    schemas = {
+        "_rms_norm_backward": "(Tensor grad_out, Tensor input, Tensor? weight, Tensor rstd, bool input_grad, "
+                              "bool weight_grad, float weight_offset=0.0) -> (Tensor grad_input, Tensor grad_weight)",
+        "_add_rms_norm_forward": "(Tensor input, Tensor residual, Tensor? weight, float eps, float weight_offset) -> "
+                                 "(Tensor out, Tensor residual_out, Tensor rstd)",
+        "_add_rms_norm_backward": "(Tensor grad_out, Tensor? grad_residual_out, Tensor residual_out, Tensor? weight, "
+                                  "Tensor rstd, bool weight_grad, float weight_offset=0.0) -> "
+                                  "(Tensor grad_input, Tensor grad_weight)",
+    }
+    for name, schema in schemas.items():
+        lib.define(name + schema)
+    ns = torch.ops.torchops_dist_test
+
+    def spec(*shape: int) -> types.SimpleNamespace:  # what DTensor hands a rule for each DTensor argument
+        return types.SimpleNamespace(shape=torch.Size(shape), placements=(Replicate(),))
+
+    x, w, rstd = spec(2, 6, 8), spec(8), spec(2, 6)
+    S1, R, P = Shard(1), Replicate(), Partial()
+    rules = td._RULES
+    fwd = rules["_add_rms_norm_forward"](ns._add_rms_norm_forward.default)(x, x, w, 1e-6, 1.0)
+    assert ([S1, S1, S1], [S1, S1, R, None, None]) in fwd
+    assert all(outs[:1] != [Shard(2)] for outs, _ in fwd)  # never the normalised dimension
+    bwd = rules["_add_rms_norm_backward"](ns._add_rms_norm_backward.default)(x, x, x, w, rstd, True)
+    assert ([S1, P], [S1, S1, S1, R, S1, None, None]) in bwd
+    assert ([P, P], [P, P, R, R, R, None, None]) in bwd
+    bwd = rules["_add_rms_norm_backward"](ns._add_rms_norm_backward.default)(x, None, x, None, rstd, False)
+    assert ([S1, R], [S1, None, S1, None, S1, None, None]) in bwd
+    bwd = rules["_rms_norm_backward"](ns._rms_norm_backward.default)(x, x, w, rstd, True, True, 1.0)
+    assert ([S1, P], [S1, S1, R, S1, None, None, None]) in bwd
+    bwd = rules["_rms_norm_backward"](ns._rms_norm_backward.default)(x, x, w, rstd, False, True)
+    assert ([R, P], [S1, S1, R, S1, None, None, None]) in bwd  # grad_input not asked for: a placeholder
