@@ -439,7 +439,38 @@ def check_fsdp(mesh: Any, device: str) -> int:
     return 1
 
 
+def check_mesh_2d(mesh: Any, device: str) -> int:
+    """A 2 x (world / 2) mesh: rules expand to every mesh dimension; vector_add_out still never moves out."""
+    import torchops
+    mesh2 = init_device_mesh(mesh.device_type, (2, mesh.size() // 2), mesh_dim_names=("dp", "tp"))
+    S0, S1, R = Shard(0), Shard(1), Replicate()
+    a, b = rand(6, 10, device=device), rand(6, 10, device=device)
+    n = 0
+    for po, pa in [((S0, R), (R, S1)), ((R, S1), (S0, S0)), ((S0, S1), (R, R))]:
+        out = distribute_tensor(torch.full_like(a, float("nan")), mesh2, po)
+        local_before = out._local_tensor
+        torch.ops.myns.vector_add_out(distribute_tensor(a, mesh2, pa), distribute_tensor(b, mesh2, [R, R]), out)
+        assert tuple(out.placements) == po and out._local_tensor is local_before, out.placements
+        close(out, a + b, f"vector_add_out on a 2-D mesh, out {po}")
+        n += 1
+    x, w = rand(4, 6, 8, device=device), rand(8, device=device)
+    ref = torchops.rms_norm(x, w, 1e-5)
+    xd = distribute_tensor(x, mesh2, [S0, S1]).requires_grad_()
+    wd = distribute_tensor(w, mesh2, [R, R]).requires_grad_()
+    out = torchops.rms_norm(xd, wd, 1e-5)
+    assert tuple(out.placements) == (S0, S1), out.placements
+    close(out, ref, "rms_norm on a 2-D mesh")
+    out.sum().backward()
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    torchops.rms_norm(xr, wr, 1e-5).sum().backward()
+    assert tuple(wd.grad.placements) == (Partial(), Partial()), wd.grad.placements
+    close(wd.grad, wr.grad, "rms_norm on a 2-D mesh: grad of weight")
+    close(xd.grad, xr.grad, "rms_norm on a 2-D mesh: grad of input")
+    return n + 1
+
+
 CHECKS: dict[str, Callable[[Any, str], int]] = {
+    "mesh_2d": check_mesh_2d,
     "elementwise": check_elementwise_ops,
     "norm": check_norm_ops,
     "csr": check_csr_ops,

@@ -78,7 +78,7 @@ def test_gloo_world_size_2():
 
 @pytest.mark.slow
 def test_gloo_world_size_4():
-    spawn(4, "gloo", [*OP_CHECKS, "tp_block", "fsdp"])
+    spawn(4, "gloo", [*OP_CHECKS, "mesh_2d", "tp_block", "fsdp"])
 
 
 @pytest.mark.cuda
