@@ -173,10 +173,13 @@ def check_norm_ops(mesh: Any, device: str) -> int:
                 _, gw = fn(*[dt(t, mesh, p) for t, p in zip([g, x, w, rstd], placements)])
                 assert tuple(gw.placements) == (want_w,), (placements, gw.placements)
                 # Only one of the two gradients asked for: the other is a placeholder, the asked one right.
-                gi, _ = bwd(*[dt(t, mesh, p) for t, p in zip([g, x, w, rstd], placements)], True, False)
+                # (The rule reads these flags: the sharding cache must tell the calls apart.)
+                gi, unasked = bwd(*[dt(t, mesh, p) for t, p in zip([g, x, w, rstd], placements)], True, False)
                 close(gi, bwd(g, x, w, rstd, True, False)[0], "_rms_norm_backward input grad only")
-                _, gw = bwd(*[dt(t, mesh, p) for t, p in zip([g, x, w, rstd], placements)], False, True)
+                assert tuple(unasked.placements) == (R,), unasked.placements
+                unasked, gw = bwd(*[dt(t, mesh, p) for t, p in zip([g, x, w, rstd], placements)], False, True)
                 close(gw, bwd(g, x, w, rstd, False, True)[1], "_rms_norm_backward weight grad only")
+                assert tuple(unasked.placements) == (R,), unasked.placements
             n += 1
     # The fused residual norm, once it exists in this build.
     if hasattr(torch.ops.myns, "add_rms_norm"):

@@ -32,6 +32,7 @@ redistributes the inputs that don't match it):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -307,7 +308,7 @@ def _cache_every_scalar(op: torch._ops.OpOverload) -> None:
         None,
     )
     if first is not None and first < info.static_argnum:
-        info.static_argnum = first
+        propagator.op_to_schema_info[op] = dataclasses.replace(info, static_argnum=first)
 
 
 def _keep_mutated_placements(op: torch._ops.OpOverload) -> None:
