@@ -1,0 +1,131 @@
+"""DTensor sharding rules of the myns ops (torchops.distributed), on several processes.
+
+Spawned process groups (gloo on CPU, world sizes 2 and 4; NCCL on two GPUs when there are two) run the
+checks in distributed_workers.py: every op forward and backward on DTensor inputs against the same op on
+whole tensors, a tensor/sequence-parallel LLaMA-style block trained eagerly and under torch.compile, and an
+FSDP2 model with torchops.nn.RMSNorm. Each spawn runs many checks, since starting a group costs seconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distributed_workers
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+OP_CHECKS = ["elementwise", "norm", "csr"]
+
+
+def spawn(world_size: int, backend: str, checks: list[str]) -> dict[str, int]:
+    """Runs `checks` on `world_size` spawned ranks; returns how many cases each check ran (rank 0's count)."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        try:
+            mp.spawn(distributed_workers.run, args=(world_size, init_file, backend, checks, tmp), nprocs=world_size)
+        except Exception as e:
+            errors = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".err")]
+            raise AssertionError("\n".join(errors) or str(e)) from e
+        oks = sorted(f for f in os.listdir(tmp) if f.endswith(".ok"))
+        assert oks == [f"{r}.ok" for r in range(world_size)], oks
+        with open(os.path.join(tmp, "0.ok")) as f:
+            counts = ast.literal_eval(f.read())
+    assert sorted(counts) == sorted(checks) and all(n > 0 for n in counts.values()), counts
+    return counts
+
+
+def test_every_myns_op_has_a_sharding_rule():
+    import torchops.distributed as td
+    from torch.distributed.tensor import DTensor
+
+    td.register_sharding_rules()
+    td.register_sharding_rules()  # idempotent
+    ops = sorted(n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("myns::"))
+    assert "rms_norm" in ops and "csr_spmm" in ops
+    missing = [n for n in ops if n not in td.sharding_rule_ops()]
+    assert not missing, f"myns ops without a DTensor sharding rule: {missing}"
+    registered = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    for name in ops:
+        packet = getattr(torch.ops.myns, name)
+        for overload in packet.overloads():
+            assert getattr(packet, overload) in registered, f"myns::{name}.{overload} has no registered strategy"
+
+
+def test_import_torchops_leaves_dtensor_unimported():
+    # torch.distributed.tensor is slow to import: only `import torchops.distributed` brings it in. (Today
+    # torch._dynamo imports it too; while `import torchops` loads torch._dynamo that part can't hold.)
+    code = ("import sys, torchops; m = sys.modules; "
+            "print('torchops.distributed' in m, 'torch._dynamo' not in m and 'torch.distributed.tensor' in m)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), *sys.path]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout
+
+
+@pytest.mark.slow
+def test_gloo_world_size_2():
+    # The compiled block here only: it is the slowest check, and the world size changes nothing in it.
+    spawn(2, "gloo", [*OP_CHECKS, "tp_block", "fsdp", "tp_block_compiled"])
+
+
+@pytest.mark.slow
+def test_gloo_world_size_4():
+    spawn(4, "gloo", [*OP_CHECKS, "mesh_2d", "tp_block", "fsdp"])
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2) or not dist.is_nccl_available(),
+                    reason="needs two CUDA GPUs and NCCL")
+def test_nccl_world_size_2():
+    spawn(2, "nccl", [*OP_CHECKS, "tp_block", "fsdp", "tp_block_compiled"])
+
+
+def test_norm_rules_read_arguments_by_name():
+    # The fused residual norm and the weight_offset argument: their rules, applied to schemas of that
+    # shape (a scratch namespace stands in where this build lacks the ops), place every tensor by name.
+    import types
+
+    import torchops.distributed as td
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    lib = torch.library.Library("torchops_dist_test", "FRAGMENT")  # noqa: TOR901
+    schemas = {
+        "_rms_norm_backward": "(Tensor grad_out, Tensor input, Tensor? weight, Tensor rstd, bool input_grad, "
+                              "bool weight_grad, float weight_offset=0.0) -> (Tensor grad_input, Tensor grad_weight)",
+        "_add_rms_norm_forward": "(Tensor input, Tensor residual, Tensor? weight, float eps, float weight_offset) -> "
+                                 "(Tensor out, Tensor residual_out, Tensor rstd)",
+        "_add_rms_norm_backward": "(Tensor grad_out, Tensor? grad_residual_out, Tensor residual_out, Tensor? weight, "
+                                  "Tensor rstd, bool weight_grad, float weight_offset=0.0) -> "
+                                  "(Tensor grad_input, Tensor grad_weight)",
+    }
+    for name, schema in schemas.items():
+        lib.define(name + schema)
+    ns = torch.ops.torchops_dist_test
+
+    def spec(*shape: int) -> types.SimpleNamespace:  # what DTensor hands a rule for each DTensor argument
+        return types.SimpleNamespace(shape=torch.Size(shape), placements=(Replicate(),))
+
+    x, w, rstd = spec(2, 6, 8), spec(8), spec(2, 6)
+    S1, R, P = Shard(1), Replicate(), Partial()
+    rules = td._RULES
+    fwd = rules["_add_rms_norm_forward"](ns._add_rms_norm_forward.default)(x, x, w, 1e-6, 1.0)
+    assert ([S1, S1, S1], [S1, S1, R, None, None]) in fwd
+    assert all(outs[:1] != [Shard(2)] for outs, _ in fwd)  # never the normalised dimension
+    bwd = rules["_add_rms_norm_backward"](ns._add_rms_norm_backward.default)(x, x, x, w, rstd, True)
+    assert ([S1, P], [S1, S1, S1, R, S1, None, None]) in bwd
+    assert ([P, P], [P, P, R, R, R, None, None]) in bwd
+    bwd = rules["_add_rms_norm_backward"](ns._add_rms_norm_backward.default)(x, None, x, None, rstd, False)
+    assert ([S1, R], [S1, None, S1, None, S1, None, None]) in bwd
+    bwd = rules["_rms_norm_backward"](ns._rms_norm_backward.default)(x, x, w, rstd, True, True, 1.0)
+    assert ([S1, P], [S1, S1, R, S1, None, None, None]) in bwd
+    bwd = rules["_rms_norm_backward"](ns._rms_norm_backward.default)(x, x, w, rstd, False, True)
+    assert ([R, P], [S1, S1, R, S1, None, None, None]) in bwd  # grad_input not asked for: a placeholder

@@ -1,0 +1,443 @@
+"""DTensor support for the myns ops: sharding rules, a sequence-parallel RMSNorm style, a row-sharded spmm.
+
+``import torchops.distributed`` registers a sharding rule for every ``torch.ops.myns`` op with DTensor
+(:func:`register_sharding_rules`, idempotent), so the ops take DTensor inputs under tensor / sequence
+parallelism (``parallelize_module``) and FSDP2 (``fully_shard``): forward, backward, ``no_grad`` /
+``inference_mode`` and ``torch.compile``. ``import torchops`` alone does not import
+``torch.distributed.tensor`` (it is slow to import); this module does.
+
+The rules, per op (on each mesh dimension; DTensor picks the cheapest rule for the inputs it is given and
+redistributes the inputs that don't match it):
+
+- ``vector_add``, ``swiglu``, ``swiglu_backward``: every input ``Shard(d)`` (any d) or every input
+  ``Replicate`` -> the same on the outputs. Linear in an input, ``Partial`` passes through: ``vector_add`` of
+  two ``Partial`` inputs, and ``swiglu_backward`` with ``grad_out`` ``Partial`` (gate and up ``Replicate``).
+  ``vector_add_out`` writes into ``out`` as it is placed: ``a`` and ``b`` are redistributed to ``out``'s
+  placements, ``out`` never is.
+- ``rms_norm``, ``_rms_norm_forward``, ``add_rms_norm``, ``_add_rms_norm_forward`` and their backward ops:
+  ``Shard(d)`` on any dimension but the last (the normalised one) -> the same on the outputs and on ``rstd``;
+  a ``Shard`` of the last dimension is redistributed (every rule shards another dimension or replicates);
+  ``weight`` is ``Replicate``; ``grad_weight`` comes out ``Partial(sum)`` when the rows are sharded (each
+  rank sums over its own rows), ``Replicate`` when nothing is. The backward ops are linear in the incoming
+  gradients, so ``Partial`` gradients pass through them.
+- ``csr_spmm`` and ``_csr_spmm_with_transpose``: the sparse operands (index tensors, values) are
+  ``Replicate``: ``dense`` ``Replicate`` -> ``Replicate``, ``dense`` ``Shard(1)`` (column-sharded) ->
+  ``Shard(1)``; ``Partial`` values or dense -> ``Partial``. ``_csr_sddmm`` (the gradient of values):
+  ``Shard(1)`` grad_out and dense -> ``Partial``. ``_csr_transpose``: ``Replicate`` only. A *row-sharded*
+  sparse matrix (each rank holding the CSR arrays of its own block of rows) is not a DTensor placement of
+  the index tensors (each block's row offsets restart at 0 and its nonzeros are not an even split of the
+  global ones): :func:`shard_csr_rows` builds such blocks and :func:`row_sharded_spmm` multiplies one by a
+  DTensor, returning a ``Shard(0)`` DTensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor.experimental import register_sharding
+
+import torchops  # registers the myns schemas
+
+__all__ = [
+    "CSRRowShard",
+    "register_sharding_rules",
+    "row_sharded_spmm",
+    "shard_csr_rows",
+    "sharding_rule_ops",
+]
+
+# An input placement per argument of the op's schema, None for non-tensor (or absent optional) arguments;
+# the outputs' placements first. One mesh dimension: DTensor expands it to every dimension of the mesh.
+PlacementList = list[Placement | None]
+Strategy = tuple[PlacementList, PlacementList]
+
+
+class _Args:
+    """An op's arguments by schema name (defaults filled in), as DTensor hands them to a sharding rule.
+
+    Rules look arguments up by name, never by position, so a schema that gains a trailing argument (say
+    ``weight_offset``) needs no change here.
+    """
+
+    def __init__(self, op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.names = [a.name for a in op._schema.arguments]
+        self.values: dict[str, Any] = {}
+        for i, a in enumerate(op._schema.arguments):
+            if i < len(args):
+                self.values[a.name] = args[i]
+            elif a.name in kwargs:
+                self.values[a.name] = kwargs[a.name]
+            else:
+                self.values[a.name] = a.default_value if a.has_default_value() else None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def is_tensor(self, name: str) -> bool:
+        # DTensor passes its spec (shape, placements) in place of each DTensor argument.
+        return hasattr(self.values[name], "placements")
+
+    def ndim(self, name: str) -> int:
+        return len(self.values[name].shape)
+
+    def placements(self, by_name: dict[str, Placement]) -> PlacementList:
+        """The input placement list: ``by_name`` for the given tensors, None for everything else."""
+        out: PlacementList = []
+        for n in self.names:
+            if self.is_tensor(n):
+                if n not in by_name:
+                    raise AssertionError(f"sharding rule gives no placement for tensor argument {n!r}")
+                out.append(by_name[n])
+            else:
+                out.append(None)
+        return out
+
+
+def _tensors(args: _Args) -> list[str]:
+    return [n for n in args.names if args.is_tensor(n)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Elementwise ops: all inputs alike.
+
+
+def _elementwise(op: torch._ops.OpOverload, n_out: int, linear: Sequence[str] | None) -> Callable[..., list[Strategy]]:
+    """Every tensor input Shard(d) / Replicate -> n_out outputs the same.
+
+    linear: the inputs the op is linear in jointly (``None``: not linear in any): those ``Partial`` with the
+    others ``Replicate`` -> every output ``Partial``.
+    """
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        names = _tensors(args)
+        ndim = args.ndim(names[0])
+        rules: list[Strategy] = [([Replicate()] * n_out, args.placements({n: Replicate() for n in names}))]
+        for d in range(ndim):
+            rules.append(([Shard(d)] * n_out, args.placements({n: Shard(d) for n in names})))
+        if linear is not None:
+            by = {n: (Partial() if n in linear else Replicate()) for n in names}
+            rules.append(([Partial()] * n_out, args.placements(by)))
+        return rules
+
+    return rule
+
+
+def _vector_add_out(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    # The op writes `out` in place, so `out` must keep its placements (DTensor would otherwise write into a
+    # redistributed copy): a rule per placement `out` has, a and b follow it. On a mesh of several
+    # dimensions the rules combine across dimensions; _keep_mutated_placements drops the combinations
+    # that would move `out`.
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        seen: list[Placement] = []
+        for p in args["out"].placements:
+            if p not in seen:
+                seen.append(p)
+        return [([], args.placements({"a": p, "b": p, "out": p})) for p in seen]
+
+    return rule
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Row normalisation: rows may be sharded on any dimension but the last; weight replicated.
+
+
+def _norm_forward(op: torch._ops.OpOverload, outputs: Sequence[str]) -> Callable[..., list[Strategy]]:
+    """rms_norm-like forward ops. outputs: 'row' (shaped like input) or 'stat' (input.shape[:-1])."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        rows = [n for n in ("input", "residual") if n in args.values and args.is_tensor(n)]
+        ndim = args.ndim("input")
+        rules: list[Strategy] = []
+        for d in [None, *range(ndim - 1)]:
+            p = Replicate() if d is None else Shard(d)
+            by = {n: p for n in rows}
+            if args.is_tensor("weight"):
+                by["weight"] = Replicate()
+            rules.append(([p] * len(outputs), args.placements(by)))
+        return rules
+
+    return rule
+
+
+def _norm_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """_rms_norm_backward and _add_rms_norm_backward: (grad_input, grad_weight).
+
+    The saved row tensors (input or residual_out, rstd) and the incoming gradients are sharded alike;
+    grad_weight, summed over rows, is Partial when rows are sharded. Both outputs are linear in the
+    incoming gradients: Partial ones (rows replicated) give Partial outputs. An output the call does not
+    ask for is a [0]-shaped placeholder, Replicate.
+    """
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        grads = [n for n in ("grad_out", "grad_residual_out") if n in args.values and args.is_tensor(n)]
+        saved = [n for n in ("input", "residual_out", "rstd") if n in args.values and args.is_tensor(n)]
+        row_source = "input" if "input" in saved else "residual_out"
+        ndim = args.ndim(row_source)
+        wants_input = bool(args.values.get("input_grad", True))
+        wants_weight = bool(args["weight_grad"]) and args.is_tensor("weight")
+        rules: list[Strategy] = []
+
+        def add(grad_p: Placement, row_p: Placement, dweight: Placement) -> None:
+            by = {n: grad_p for n in grads}
+            by.update({n: row_p for n in saved})
+            if args.is_tensor("weight"):
+                by["weight"] = Replicate()
+            gi = grad_p if wants_input else Replicate()
+            gw = dweight if wants_weight else Replicate()
+            rules.append(([gi, gw], args.placements(by)))
+
+        add(Replicate(), Replicate(), Replicate())
+        for d in range(ndim - 1):
+            add(Shard(d), Shard(d), Partial())
+        add(Partial(), Replicate(), Partial())
+        return rules
+
+    return rule
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CSR: the sparse operands are replicated; dense may be column-sharded.
+
+
+def _csr_spmm(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    sparse_structure = ("crow_indices", "col_indices", "t_crow_indices", "t_col_indices", "t_perm")
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        names = _tensors(args)
+        structure = {n: Replicate() for n in names if n in sparse_structure}
+
+        def with_(values: Placement, dense: Placement) -> PlacementList:
+            return args.placements({**structure, "values": values, "dense": dense})
+
+        return [
+            ([Replicate()], with_(Replicate(), Replicate())),
+            ([Shard(1)], with_(Replicate(), Shard(1))),
+            ([Partial()], with_(Partial(), Replicate())),
+            ([Partial()], with_(Replicate(), Partial())),
+        ]
+
+    return rule
+
+
+def _csr_sddmm(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    # out[p] = grad_out[row(p)] . dense[col(p)]: a dot product over dense's columns.
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        idx = {"crow_indices": Replicate(), "col_indices": Replicate()}
+
+        def with_(g: Placement, d: Placement) -> PlacementList:
+            return args.placements({**idx, "grad_out": g, "dense": d})
+
+        return [
+            ([Replicate()], with_(Replicate(), Replicate())),
+            ([Partial()], with_(Shard(1), Shard(1))),
+            ([Partial()], with_(Partial(), Replicate())),
+            ([Partial()], with_(Replicate(), Partial())),
+        ]
+
+    return rule
+
+
+def _replicate_only(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    n_out = len(op._schema.returns)
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        return [([Replicate()] * n_out, args.placements({n: Replicate() for n in _tensors(args)}))]
+
+    return rule
+
+
+# The rule for each op, by name: every myns op must be here (tests check the registered schemas against it).
+# Ops that don't exist in this build are skipped.
+_RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]]]] = {
+    "vector_add": lambda op: _elementwise(op, 1, linear=("a", "b")),
+    "vector_add_out": _vector_add_out,
+    "swiglu": lambda op: _elementwise(op, 1, linear=None),
+    "swiglu_backward": lambda op: _elementwise(op, 2, linear=("grad_out",)),
+    "gelu_and_mul": lambda op: _elementwise(op, 1, linear=None),
+    "gelu_and_mul_backward": lambda op: _elementwise(op, 2, linear=("grad_out",)),
+    "rms_norm": lambda op: _norm_forward(op, ("row",)),
+    "_rms_norm_forward": lambda op: _norm_forward(op, ("row", "stat")),
+    "_rms_norm_backward": _norm_backward,
+    "add_rms_norm": lambda op: _norm_forward(op, ("row", "row")),
+    "_add_rms_norm_forward": lambda op: _norm_forward(op, ("row", "row", "stat")),
+    "_add_rms_norm_backward": _norm_backward,
+    "csr_spmm": _csr_spmm,
+    "_csr_spmm_with_transpose": _csr_spmm,
+    "_csr_sddmm": _csr_sddmm,
+    "_csr_transpose": _replicate_only,
+}
+
+
+def sharding_rule_ops() -> list[str]:
+    """The names of the myns ops that have a sharding rule (whether or not this build defines them)."""
+    return list(_RULES)
+
+
+def _myns_overloads(name: str) -> list[torch._ops.OpOverload]:
+    if not hasattr(torch.ops.myns, name):
+        return []
+    packet = getattr(torch.ops.myns, name)
+    return [getattr(packet, o) for o in packet.overloads()]
+
+
+def _cache_every_scalar(op: torch._ops.OpOverload) -> None:
+    # register_sharding caches its decision on the tensor placements and int arguments only; our rules
+    # also read bools (_rms_norm_backward's input_grad / weight_grad), so key the cache on every argument
+    # from the first non-tensor one.
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    info = getattr(propagator, "op_to_schema_info", {}).get(op)
+    if info is None:
+        return
+    first = next(
+        (i for i, a in enumerate(op._schema.arguments)
+         if not isinstance(a.type, torch.TensorType)
+         and not (isinstance(a.type, torch.OptionalType) and isinstance(a.type.getElementType(), torch.TensorType))),
+        None,
+    )
+    if first is not None and first < info.static_argnum:
+        propagator.op_to_schema_info[op] = dataclasses.replace(info, static_argnum=first)
+
+
+def _keep_mutated_placements(op: torch._ops.OpOverload) -> None:
+    # Wraps the registered strategy so that only strategies leaving every mutated argument where it is
+    # remain (register_sharding expands a rule to every combination over the mesh dimensions).
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    funcs = getattr(propagator, "op_strategy_funcs", None)
+    if funcs is None or op not in funcs:
+        return
+    mutated = [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    inner = funcs[op]
+
+    def strategy(*args: Any) -> Any:
+        op_schema = args[-1]  # older torch passes (mesh, op_schema), newer (op_schema)
+        result = inner(*args)
+        tensor_positions = [i for i, a in enumerate(op_schema.args_schema) if hasattr(a, "strategies")]
+        keep = []
+        for s in result.strategies:
+            ok = True
+            for i in mutated:
+                if i not in tensor_positions:
+                    continue
+                current = op_schema.args_schema[i].strategies[0].output_spec.placements
+                if s.input_specs[tensor_positions.index(i)].placements != current:
+                    ok = False
+            if ok:
+                keep.append(s)
+        result.strategies = keep
+        return result
+
+    funcs[op] = strategy
+
+
+_registered = False
+
+
+def register_sharding_rules() -> None:
+    """Registers the DTensor sharding rule of every myns op (see the module docstring). Idempotent."""
+    global _registered
+    if _registered:
+        return
+    for name, make_rule in _RULES.items():
+        for op in _myns_overloads(name):
+            register_sharding(op)(make_rule(op))
+            _cache_every_scalar(op)
+            if op._schema.is_mutable:
+                _keep_mutated_placements(op)
+    _registered = True
+
+
+register_sharding_rules()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Row-sharded sparse matrices.
+
+
+class CSRRowShard(NamedTuple):
+    """One rank's block of rows of an M x K CSR matrix: rows ``[row_start, row_start + rows)``.
+
+    ``crow_indices`` has ``rows + 1`` offsets starting at 0 (into this block's ``col_indices`` /
+    ``values``); column indices are global (``0 <= col < K``). The blocks follow ``Shard(0)``'s split of M
+    rows (``ceil(M / world)`` rows per rank, fewer or none on the last ones), so the product is a
+    ``Shard(0)`` DTensor.
+    """
+
+    crow_indices: Tensor
+    col_indices: Tensor
+    values: Tensor
+    shape: tuple[int, int]  # the whole matrix: (M, K)
+    row_start: int
+
+
+def _row_block(rows: int, parts: int, index: int) -> tuple[int, int]:
+    """Shard(0)'s [start, end) of `rows` rows for part `index` of `parts` (torch.chunk's sizes)."""
+    size = -(-rows // parts) if rows else 0
+    start = min(index * size, rows)
+    return start, min(start + size, rows)
+
+
+def shard_csr_rows(A: Tensor, mesh: DeviceMesh, mesh_dim: int = 0) -> CSRRowShard:
+    """This rank's block of rows of the 2-D sparse CSR tensor ``A`` (the whole matrix, on every rank).
+
+    Rows are split as ``Shard(0)`` splits them over ``mesh``'s dimension ``mesh_dim``. The block's
+    ``values`` is a slice of ``A.values()`` (a view: gradients flow back to it). To build blocks without
+    ever holding the whole matrix, construct :class:`CSRRowShard` directly with the same row split.
+    """
+    if A.layout != torch.sparse_csr or A.dim() != 2:
+        raise RuntimeError(f"torchops.distributed.shard_csr_rows: A must be a 2-D sparse CSR tensor, got layout "
+                           f"{A.layout} with {A.dim()} dims")
+    M, K = A.shape
+    start, end = _row_block(M, mesh.size(mesh_dim), mesh.get_local_rank(mesh_dim))
+    crow = A.crow_indices()
+    lo, hi = int(crow[start]), int(crow[end])
+    return CSRRowShard(crow[start:end + 1] - lo, A.col_indices()[lo:hi], A.values()[lo:hi], (M, K), start)
+
+
+def row_sharded_spmm(A: CSRRowShard, dense: DTensor, mesh_dim: int = 0) -> DTensor:
+    """``A @ dense`` for a row-sharded sparse ``A`` (this rank's :class:`CSRRowShard`) and a K x N DTensor.
+
+    ``dense`` is made ``Replicate`` on ``mesh_dim`` first (a gather when it is sharded, a reduction when
+    it is partial; nothing when it is already replicated); on the mesh's other dimensions its placements
+    carry over to the result. The result is an M x N DTensor, ``Shard(0)`` on ``mesh_dim``. Differentiable
+    in ``dense`` (its gradient, ``A^T @ grad``, comes out ``Partial``: each rank holds its rows' share)
+    and in ``A.values`` (a local tensor, with a local gradient).
+    """
+    if not isinstance(dense, DTensor):
+        raise TypeError(f"torchops.distributed.row_sharded_spmm: dense must be a DTensor, got {type(dense).__name__}")
+    mesh = dense.device_mesh
+    if dense.dim() != 2 or dense.shape[0] != A.shape[1]:
+        raise RuntimeError(f"torchops.distributed.row_sharded_spmm: A is {A.shape[0]} x {A.shape[1]} but dense has "
+                           f"shape {list(dense.shape)}")
+    if any(isinstance(p, Shard) and p.dim == 0 for p in dense.placements):
+        # Shard(0) of dense on another mesh dimension would split K: not this product.
+        dense = dense.redistribute(placements=[Replicate() if isinstance(p, Shard) and p.dim == 0 else p
+                                               for p in dense.placements])
+    start, end = _row_block(A.shape[0], mesh.size(mesh_dim), mesh.get_local_rank(mesh_dim))
+    if A.row_start != start or A.crow_indices.numel() != end - start + 1:
+        raise RuntimeError(f"torchops.distributed.row_sharded_spmm: this rank's block must hold rows [{start}, {end}) "
+                           f"of {A.shape[0]} (Shard(0)'s split), got {A.crow_indices.numel() - 1} rows from "
+                           f"{A.row_start}")
+    placements = list(dense.placements)
+    placements[mesh_dim] = Replicate()
+    dense = dense.redistribute(placements=placements)
+    grad_placements = list(placements)
+    grad_placements[mesh_dim] = Partial()
+    local = dense.to_local(grad_placements=grad_placements)
+    out = torchops.csr_spmm(A.crow_indices, A.col_indices, A.values, local)
+    placements[mesh_dim] = Shard(0)
+    N = dense.shape[1]
+    return DTensor.from_local(out, mesh, placements, run_check=False, shape=torch.Size((A.shape[0], N)),
+                              stride=(N, 1))
