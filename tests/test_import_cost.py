@@ -18,13 +18,15 @@ _TIMING = """
     import torchops
     t2 = time.perf_counter()
     print(json.dumps({"torch": t1 - t0, "torchops": t2 - t1, "dynamo": "torch._dynamo" in sys.modules,
-                      "inductor": "torch._inductor" in sys.modules}))
+                      "inductor": "torch._inductor" in sys.modules,
+                      "dtensor": "torch.distributed.tensor" in sys.modules}))
 """
 
 
 def test_import_torchops_does_not_import_dynamo_and_costs_little() -> None:
     runs = [json.loads(run_python(_TIMING).splitlines()[-1]) for _ in range(3)]
     assert not any(r["dynamo"] or r["inductor"] for r in runs), "import torchops must not import torch._dynamo"
+    assert not any(r["dtensor"] for r in runs), "import torchops must not import torch.distributed.tensor"
     torch_s, torchops_s = min(r["torch"] for r in runs), min(r["torchops"] for r in runs)
     print(f"import torch {torch_s:.3f} s, then import torchops {torchops_s:.3f} s (min of {len(runs)} fresh processes)")
     # Relative to torch's own import, so a loaded machine slows both alike: torch._dynamo alone costs
@@ -40,7 +42,8 @@ _COMPILE_EVERY_WRAPPER = """
     import torch._dynamo.testing
 
     if {check_hook}:
-        assert not any(type(f).__name__ == "_AfterDynamoImport" for f in sys.meta_path), "hook left installed"
+        import torchops._after_import
+        assert "torch._dynamo" not in torchops._after_import.pending_modules(), "registration left waiting"
         assert type(torch._dynamo.__spec__.loader).__name__ == "SourceFileLoader", torch._dynamo.__spec__.loader
         assert torch._dynamo.__loader__ is torch._dynamo.__spec__.loader
 
@@ -84,3 +87,18 @@ def test_compile_traces_every_wrapper_whichever_is_imported_first(first: str) ->
     else:
         code = _COMPILE_EVERY_WRAPPER.format(first="import torch._dynamo\n    import torchops", check_hook=False)
     assert run_python(code).splitlines()[-1] == "ok"
+
+
+def test_sharding_rules_register_when_dtensor_is_imported_later() -> None:
+    # torchops.distributed (DTensor sharding rules) loads with torch.distributed.tensor, in either order.
+    for first, second in (("torchops", "torch.distributed.tensor"), ("torch.distributed.tensor", "torchops")):
+        out = run_python(f"""
+            import sys, torch
+            import {first}
+            import {second}
+            import torchops._after_import
+            assert "torchops.distributed" in sys.modules
+            assert "torch.distributed.tensor" not in torchops._after_import.pending_modules()
+            print("ok")
+        """)
+        assert out.strip().endswith("ok"), (first, second)
