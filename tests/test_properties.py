@@ -485,9 +485,6 @@ def rms_norm_reference_functional(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-_JVP_REFUSAL = r"forward"  # a refusal must say it is forward-mode AD that is unsupported
-
-
 # torchops.spmm is a Python wrapper: its errors come from the ops it calls (csr_spmm, and for dense's
 # gradient _csr_transpose / _csr_spmm_with_transpose) or from its own checks ("torchops.spmm: ...").
 SPMM_ERROR_PREFIXES = ("myns::csr_spmm: ", "myns::_csr_transpose: ", "myns::_csr_spmm_with_transpose: ", "torchops.spmm: ")
