@@ -123,6 +123,7 @@ def test_hessian(case: Case) -> None:
     ref = _sum_sq(case.ref)
     torch.testing.assert_close(hessian(f, argnums=(0, 1))(*args), hessian(ref, argnums=(0, 1))(*args))
     torch.testing.assert_close(jacrev(jacrev(f))(*args), hessian(ref)(*args))
+    torch.testing.assert_close(jacfwd(jacfwd(f))(*args), hessian(ref)(*args))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -243,6 +244,10 @@ def test_second_backward_without_retain_graph_raises(case: Case) -> None:
         out.backward()
 
 
+# The nodes' compiled-autograd support uses compiled autograd's C++ interface as torch 2.14 has it.
+COMPILED_AUTOGRAD_SUPPORTED = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14)
+
+
 @pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
 def test_compiled_autograd(case: Case) -> None:
     import torch._dynamo.compiled_autograd as compiled_autograd
@@ -250,6 +255,11 @@ def test_compiled_autograd(case: Case) -> None:
     args = tuple(a.requires_grad_() for a in case.inputs())
     want = torch.autograd.grad(_sum_sq(case.op)(*args), args)
     torch._dynamo.reset()
+    if not COMPILED_AUTOGRAD_SUPPORTED:  # older torch: a clear error naming the op's node
+        with pytest.raises(NotImplementedError, match="compiled_args not implemented: .*Backward"):
+            with compiled_autograd._enable(torch.compile(backend="eager")):
+                _sum_sq(case.op)(*args).backward()
+        return
     with compiled_autograd._enable(torch.compile(backend="eager")):
         _sum_sq(case.op)(*args).backward()
     torch.testing.assert_close(tuple(a.grad for a in args), want)

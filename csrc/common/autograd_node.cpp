@@ -1,13 +1,8 @@
 #include "autograd_node.h"
 
 #include <torch/csrc/autograd/functions/utils.h>
-#include <torch/version.h>
 
 #include <mutex>
-
-// Compiled autograd's interface for C++ nodes (bind_function / call_function / PackedArgs), as used below,
-// is checked against torch 2.14; builds against older torch refuse compiled autograd through these nodes.
-#define TORCHOPS_COMPILED_AUTOGRAD (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14))
 
 namespace torchops {
 
@@ -94,17 +89,6 @@ variable_list OpNode::apply_with_saved(const variable_list& inputs,
       py->call_function(saved.get_py_compiler(), "apply_functional", fn_name, inputs, packed, output_metadata);
   for (auto& sv : saved_) saved.after(sv);
   return result;
-}
-#else
-void OpNode::compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "myns: compiled autograd through ", name_,
-                              " needs torchops built against torch >= 2.14");
-}
-
-variable_list OpNode::apply_with_saved(const variable_list& /*inputs*/,
-                                       torch::dynamo::autograd::SwapSavedVariables& /*saved*/) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "myns: compiled autograd through ", name_,
-                              " needs torchops built against torch >= 2.14");
 }
 #endif
 

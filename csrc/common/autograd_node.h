@@ -29,6 +29,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/dynamo/compiled_autograd.h>
+#include <torch/version.h>
 
 #include <initializer_list>
 #include <memory>
@@ -36,6 +37,11 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+// Compiled autograd's interface for C++ nodes (const compiled_args, bind_function / call_function,
+// PackedArgs) is used as torch 2.14 has it; against older torch the node keeps Node's defaults, which raise
+// "compiled_args not implemented: <node name>" under compiled autograd.
+#define TORCHOPS_COMPILED_AUTOGRAD (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14))
 
 namespace torchops {
 
@@ -88,11 +94,13 @@ class OpNode final : public torch::autograd::Node {
 
   void release_variables() override;
 
+#if TORCHOPS_COMPILED_AUTOGRAD
   // Compiled autograd (torch._dynamo.compiled_autograd): the node becomes one opaque call in the compiled
   // backward graph, fed the saved tensors, like PyTorch's C++ custom Functions.
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override;
   variable_list apply_with_saved(const variable_list& inputs,
                                  torch::dynamo::autograd::SwapSavedVariables& saved) override;
+#endif
 
   // Saved non-tensor state for the formula (BackwardContext::attrs).
   std::vector<c10::IValue> attrs;
