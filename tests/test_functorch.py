@@ -217,7 +217,8 @@ def test_no_node_without_grad_and_named_node_with(case: Case) -> None:
         assert case.op(*(a.requires_grad_() for a in args)).grad_fn is None
     out = case.op(*args)
     assert out.requires_grad and out.grad_fn.name().endswith("Backward")
-    assert {e[0] for e in out.grad_fn.next_functions if e[0] is not None} == {a.grad_fn or _accumulator(a) for a in args}
+    next_nodes = {e[0] for e in out.grad_fn.next_functions if e[0] is not None}
+    assert next_nodes == {a.grad_fn or _accumulator(a) for a in args}
 
 
 def _accumulator(t: torch.Tensor) -> object:

@@ -64,7 +64,8 @@ at::Tensor transposed_spmm(const at::Tensor& crow, const at::Tensor& col, const 
 }
 
 // Saved: crow, col, values, dense, t_crow, t_col, t_perm (undefined for plain csr_spmm). Edges: values, dense.
-variable_list csr_spmm_backward_formula(const BackwardContext& ctx, const variable_list& saved, const variable_list& grads) {
+variable_list csr_spmm_backward_formula(const BackwardContext& ctx, const variable_list& saved,
+                                        const variable_list& grads) {
   const at::Tensor &crow = saved[0], &col = saved[1], &values = saved[2], &dense = saved[3];
   const at::Tensor& g = grads[0];
   at::Tensor grad_values, grad_dense;
@@ -78,7 +79,8 @@ variable_list csr_spmm_backward_formula(const BackwardContext& ctx, const variab
 // out[p] = grad_out[row(p)] . dense[col(p)]:  d grad_out = S @ dense,  d dense = S^T @ grad_out,
 // with S = (crow, col, g) the sparse matrix of the incoming gradient.
 // Saved: crow, col, grad_out, dense. Edges: grad_out, dense.
-variable_list csr_sddmm_backward_formula(const BackwardContext& ctx, const variable_list& saved, const variable_list& grads) {
+variable_list csr_sddmm_backward_formula(const BackwardContext& ctx, const variable_list& saved,
+                                         const variable_list& grads) {
   const at::Tensor &crow = saved[0], &col = saved[1], &a = saved[2], &b = saved[3];
   const at::Tensor& g = grads[0];
   at::Tensor grad_a, grad_b;
@@ -138,8 +140,11 @@ at::Tensor csr_spmm_with_transpose_autograd(const at::Tensor& crow, const at::Te
 
 at::Tensor csr_sddmm_autograd(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& grad_out,
                               const at::Tensor& dense) {
-  return record_bilinear("CsrSddmmBackward", &csr_sddmm_backward_formula, grad_out, dense, {crow, col, grad_out, dense},
-                         [&](const at::Tensor& g, const at::Tensor& d) { return csr_sddmm_op().call(crow, col, g, d); });
+  return record_bilinear("CsrSddmmBackward", &csr_sddmm_backward_formula, grad_out, dense,
+                         {crow, col, grad_out, dense},
+                         [&](const at::Tensor& g, const at::Tensor& d) {
+                           return csr_sddmm_op().call(crow, col, g, d);
+                         });
 }
 
 // Integer outputs only: nothing to differentiate.

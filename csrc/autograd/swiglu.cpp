@@ -50,7 +50,8 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_below_autograd(const at::Tens
   return swiglu_backward_op().call(grad_out, gate, up);
 }
 
-variable_list swiglu_backward_formula(const BackwardContext& /*ctx*/, const variable_list& saved, const variable_list& grads) {
+variable_list swiglu_backward_formula(const BackwardContext& /*ctx*/, const variable_list& saved,
+                                      const variable_list& grads) {
   if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
   // Through the dispatcher (Autograd key included): create_graph=True records swiglu_backward's own node.
   auto [grad_gate, grad_up] = swiglu_backward_op().call(grads[0], saved[0], saved[1]);

@@ -30,7 +30,8 @@ at::Tensor vector_add_below_autograd(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // d(a + b)/da = d(a + b)/db = identity: grad_out goes to both edges.
-variable_list vector_add_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/, const variable_list& grads) {
+variable_list vector_add_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
+                                  const variable_list& grads) {
   return {grads[0], grads[0]};
 }
 
