@@ -9,21 +9,23 @@
 // backward formulas call the myns ops through the dispatcher, so they are differentiable again (double
 // backward) and visible to torch.compile. _csr_sddmm is differentiable the same way; _csr_transpose
 // returns index tensors only. The index tensors never get gradients.
+// Forward mode (torch.func.jvp, forward_ad): csr_spmm is bilinear in (values, dense), so its tangent is
+// csr_spmm(crow, col, d values, dense) + csr_spmm(crow, col, values, d dense); _csr_sddmm likewise in
+// (grad_out, dense).
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/index_select.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
-#include <optional>
 #include <tuple>
 
+#include "../common/autograd_node.h"
 #include "../common/autograd_utils.h"
 
 namespace torchops {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using Transpose = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 const auto& csr_spmm_op() {
@@ -61,84 +63,88 @@ at::Tensor transposed_spmm(const at::Tensor& crow, const at::Tensor& col, const 
   return csr_spmm_op().call(t_crow, t_col, values.index_select(0, t_perm), g);
 }
 
-// Inputs: crow, col, values, dense, then t_crow, t_col, t_perm (nullopt for plain csr_spmm: an undefined
-// tensor can't be a custom Function's input).
-using OptTensor = std::optional<at::Tensor>;
-
-class CsrSpmmFunction : public torch::autograd::Function<CsrSpmmFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& crow, const at::Tensor& col,
-                            const at::Tensor& values, const at::Tensor& dense, const OptTensor& t_crow,
-                            const OptTensor& t_col, const OptTensor& t_perm) {
-    const at::Tensor tc = t_crow.value_or(at::Tensor()), tk = t_col.value_or(at::Tensor()),
-                     tp = t_perm.value_or(at::Tensor());
-    ctx->save_for_backward({crow, col, values, dense, tc, tk, tp});
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return tc.defined() ? csr_spmm_with_transpose_op().call(crow, col, values, dense, tc, tk, tp)
-                        : csr_spmm_op().call(crow, col, values, dense);
+// Saved: crow, col, values, dense, t_crow, t_col, t_perm (undefined for plain csr_spmm). Edges: values, dense.
+variable_list csr_spmm_backward_formula(const BackwardContext& ctx, const variable_list& saved,
+                                        const variable_list& grads) {
+  const at::Tensor &crow = saved[0], &col = saved[1], &values = saved[2], &dense = saved[3];
+  const at::Tensor& g = grads[0];
+  at::Tensor grad_values, grad_dense;
+  if (g.defined() && ctx.needs_input_grad(0)) grad_values = csr_sddmm_op().call(crow, col, g, dense);
+  if (g.defined() && ctx.needs_input_grad(1)) {
+    grad_dense = transposed_spmm(crow, col, values, g, dense.sym_size(0), saved[4], saved[5], saved[6]);
   }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &crow = saved[0], &col = saved[1], &values = saved[2], &dense = saved[3];
-    const at::Tensor& g = grad_outputs[0];
-    at::Tensor grad_values, grad_dense;
-    if (g.defined() && ctx->needs_input_grad(2)) grad_values = csr_sddmm_op().call(crow, col, g, dense);
-    if (g.defined() && ctx->needs_input_grad(3)) {
-      grad_dense = transposed_spmm(crow, col, values, g, dense.sym_size(0), saved[4], saved[5], saved[6]);
-    }
-    return {at::Tensor(), at::Tensor(), grad_values, grad_dense, at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
+  return {grad_values, grad_dense};
+}
 
 // out[p] = grad_out[row(p)] . dense[col(p)]:  d grad_out = S @ dense,  d dense = S^T @ grad_out,
 // with S = (crow, col, g) the sparse matrix of the incoming gradient.
-class CsrSddmmFunction : public torch::autograd::Function<CsrSddmmFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& crow, const at::Tensor& col,
-                            const at::Tensor& grad_out, const at::Tensor& dense) {
-    ctx->save_for_backward({crow, col, grad_out, dense});
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return csr_sddmm_op().call(crow, col, grad_out, dense);
+// Saved: crow, col, grad_out, dense. Edges: grad_out, dense.
+variable_list csr_sddmm_backward_formula(const BackwardContext& ctx, const variable_list& saved,
+                                         const variable_list& grads) {
+  const at::Tensor &crow = saved[0], &col = saved[1], &a = saved[2], &b = saved[3];
+  const at::Tensor& g = grads[0];
+  at::Tensor grad_a, grad_b;
+  if (g.defined() && ctx.needs_input_grad(0)) grad_a = csr_spmm_op().call(crow, col, g, b);
+  if (g.defined() && ctx.needs_input_grad(1)) {
+    grad_b = transposed_spmm(crow, col, g, a, b.sym_size(0), at::Tensor(), at::Tensor(), at::Tensor());
   }
+  return {grad_a, grad_b};
+}
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &crow = saved[0], &col = saved[1], &a = saved[2], &b = saved[3];
-    const at::Tensor& g = grad_outputs[0];
-    at::Tensor grad_a, grad_b;
-    if (g.defined() && ctx->needs_input_grad(2)) grad_a = csr_spmm_op().call(crow, col, g, b);
-    if (g.defined() && ctx->needs_input_grad(3)) {
-      grad_b = transposed_spmm(crow, col, g, a, b.sym_size(0), at::Tensor(), at::Tensor(), at::Tensor());
-    }
-    return {at::Tensor(), at::Tensor(), grad_a, grad_b};
+// Runs `op` below autograd on (values, dense) and records what autograd needs. Both ops are bilinear in
+// (x, y) = (values, dense) resp. (grad_out, dense), so the tangent is op(dx, y) + op(x, dy), each term
+// through the dispatcher (differentiable again) and skipped where a tangent is missing.
+template <class Op>
+at::Tensor record_bilinear(const char* node_name, BackwardFormula formula, const at::Tensor& x, const at::Tensor& y,
+                           std::initializer_list<at::Tensor> saved, const Op& op) {
+  OpNodePtr node;
+  if (needs_grad(x, y)) {
+    node = make_op_node(node_name, formula, {x, y});
+    node->save(saved);
   }
-};
+  at::Tensor out;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    out = op(x, y);
+  }
+  if (node) record_outputs(node, {out});
+  if (has_forward_grad(x, y)) {
+    const at::Tensor tx = x._fw_grad(kForwardGradLevel), ty = y._fw_grad(kForwardGradLevel);
+    at::Tensor tangent;
+    if (tx.defined()) tangent = op(tx, forward_primal(y));
+    if (ty.defined()) {
+      at::Tensor from_y = op(forward_primal(x), ty);
+      tangent = tangent.defined() ? tangent + from_y : from_y;
+    }
+    out._set_fw_grad(tangent, kForwardGradLevel, /*is_inplace_op=*/false);
+  }
+  return out;
+}
 
 at::Tensor csr_spmm_autograd(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                              const at::Tensor& dense) {
-  if (needs_grad(values, dense)) {
-    return CsrSpmmFunction::apply(crow, col, values, dense, OptTensor(), OptTensor(), OptTensor());
-  }
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return csr_spmm_op().call(crow, col, values, dense);
+  return record_bilinear("CsrSpmmBackward", &csr_spmm_backward_formula, values, dense,
+                         {crow, col, values, dense, at::Tensor(), at::Tensor(), at::Tensor()},
+                         [&](const at::Tensor& v, const at::Tensor& d) { return csr_spmm_op().call(crow, col, v, d); });
 }
 
 at::Tensor csr_spmm_with_transpose_autograd(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                                             const at::Tensor& dense, const at::Tensor& t_crow,
                                             const at::Tensor& t_col, const at::Tensor& t_perm) {
-  if (needs_grad(values, dense)) {
-    return CsrSpmmFunction::apply(crow, col, values, dense, OptTensor(t_crow), OptTensor(t_col), OptTensor(t_perm));
-  }
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return csr_spmm_with_transpose_op().call(crow, col, values, dense, t_crow, t_col, t_perm);
+  return record_bilinear("CsrSpmmBackward", &csr_spmm_backward_formula, values, dense,
+                         {crow, col, values, dense, t_crow, t_col, t_perm},
+                         [&](const at::Tensor& v, const at::Tensor& d) {
+                           return csr_spmm_with_transpose_op().call(crow, col, v, d, t_crow, t_col, t_perm);
+                         });
 }
 
 at::Tensor csr_sddmm_autograd(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& grad_out,
                               const at::Tensor& dense) {
-  if (needs_grad(grad_out, dense)) return CsrSddmmFunction::apply(crow, col, grad_out, dense);
-  at::AutoDispatchBelowADInplaceOrView guard;
-  return csr_sddmm_op().call(crow, col, grad_out, dense);
+  return record_bilinear("CsrSddmmBackward", &csr_sddmm_backward_formula, grad_out, dense,
+                         {crow, col, grad_out, dense},
+                         [&](const at::Tensor& g, const at::Tensor& d) {
+                           return csr_sddmm_op().call(crow, col, g, d);
+                         });
 }
 
 // Integer outputs only: nothing to differentiate.

@@ -4,16 +4,14 @@
 // out= ops), and its ADInplaceOrView kernel bumps out's version counter, which must happen under
 // inference_mode too (that mode skips the Autograd key, not ADInplaceOrView, for normal tensors).
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include "../common/autograd_node.h"
 #include "../common/autograd_utils.h"
 
 namespace torchops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 const auto& vector_add_op() {
   static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("myns::vector_add");
@@ -31,28 +29,24 @@ at::Tensor vector_add_below_autograd(const at::Tensor& a, const at::Tensor& b) {
   return vector_add_op().call(a, b);
 }
 
-class VectorAddFunction : public torch::autograd::Function<VectorAddFunction> {
- public:
-  static at::Tensor forward(AutogradContext* /*ctx*/, const at::Tensor& a, const at::Tensor& b) {
-    return vector_add_below_autograd(a, b);
-  }
-
-  static variable_list backward(AutogradContext* /*ctx*/, variable_list grad_outputs) {
-    return {grad_outputs[0], grad_outputs[0]};
-  }
-};
+// d(a + b)/da = d(a + b)/db = identity: grad_out goes to both edges.
+variable_list vector_add_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
+                                  const variable_list& grads) {
+  return {grads[0], grads[0]};
+}
 
 at::Tensor vector_add_autograd(const at::Tensor& a, const at::Tensor& b) {
-  if (!has_forward_grad(a, b)) {
-    // Skipping the graph node when nothing needs a gradient keeps small calls as cheap as torch.add's.
-    return needs_grad(a, b) ? VectorAddFunction::apply(a, b) : vector_add_below_autograd(a, b);
+  // No graph node when nothing needs a gradient: small calls stay as cheap as torch.add's.
+  OpNodePtr node;
+  if (needs_grad(a, b)) node = make_op_node("VectorAddBackward", &vector_add_backward, {a, b});
+  at::Tensor out = vector_add_below_autograd(a, b);
+  if (node) record_outputs(node, {out});
+  if (has_forward_grad(a, b)) {
+    const at::Tensor ta = a._fw_grad(kForwardGradLevel), tb = b._fw_grad(kForwardGradLevel);
+    // Through the dispatcher: the tangent is itself differentiable (reverse over forward).
+    const at::Tensor tangent = !ta.defined() ? tb : !tb.defined() ? ta : vector_add_op().call(ta, tb);
+    out._set_fw_grad(tangent, kForwardGradLevel, /*is_inplace_op=*/false);
   }
-  // Forward mode: compute on the primals (C++ custom Functions have no jvp), attach the summed tangent.
-  const at::Tensor pa = forward_primal(a), pb = forward_primal(b);
-  at::Tensor out = needs_grad(pa, pb) ? VectorAddFunction::apply(pa, pb) : vector_add_below_autograd(pa, pb);
-  const at::Tensor ta = a._fw_grad(kForwardGradLevel), tb = b._fw_grad(kForwardGradLevel);
-  const at::Tensor tangent = !ta.defined() ? tb : !tb.defined() ? ta : vector_add_op().call(ta, tb);
-  out._set_fw_grad(tangent, kForwardGradLevel, /*is_inplace_op=*/false);
   return out;
 }
 

@@ -1,5 +1,5 @@
 // Helpers for the Autograd-key kernels: calling a myns op below autograd, and refusing autograd for
-// out= variants the way built-in out= ops do.
+// out= variants the way built-in out= ops do. The graph node they record is in autograd_node.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,7 +25,9 @@ bool needs_grad(const Tensors&... inputs) {
   return c10::GradMode::is_enabled() && ((inputs.defined() && inputs.requires_grad()) || ...);
 }
 
-// Forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) keeps tangents at level 0 outside nesting.
+// Forward-mode AD keeps tangents at level 0, as PyTorch's generated kernels read them: torch.autograd.forward_ad
+// and torch.func.jvp alike (nested jvp/jacfwd nest through functorch's per-level tensor wrappers, each
+// carrying its own level-0 tangent).
 constexpr uint64_t kForwardGradLevel = 0;
 
 template <typename... Tensors>

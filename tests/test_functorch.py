@@ -1,0 +1,288 @@
+"""torch.func transforms (grad, vjp, jacrev, jvp, jacfwd, hessian, vmap) and forward-mode AD through the myns
+ops, against the same math in PyTorch's own ops, in float64.
+
+The Autograd kernels record graph nodes the way PyTorch's generated kernels do (csrc/common/autograd_node.h),
+which is what lets functorch's wrapped tensors through; vmap runs the ops through PyTorch's batching fallback
+(one call per batch element).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
+
+import torchops
+from helpers import REPO_ROOT
+
+D = torch.float64
+
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=D, generator=_gen(seed))
+
+
+# A 4 x 3 CSR matrix with an empty row and a repeated column.
+CROW = torch.tensor([0, 2, 2, 3, 5])
+COL = torch.tensor([0, 2, 1, 0, 2])
+ROWS = torch.repeat_interleave(torch.arange(4), CROW.diff())
+
+
+def dense_of(values: torch.Tensor) -> torch.Tensor:
+    """The CSR matrix (CROW, COL, values) as a dense 4 x 3 matrix, differentiable in values."""
+    return torch.zeros(4, 3, dtype=values.dtype).index_put((ROWS, COL), values, accumulate=True)
+
+
+@dataclass
+class Case:
+    name: str
+    op: Callable[..., torch.Tensor]
+    ref: Callable[..., torch.Tensor]
+    inputs: Callable[[], tuple[torch.Tensor, ...]]  # the differentiable arguments, float64
+
+
+CASES = [
+    Case("vector_add", torchops.vector_add, torch.add, lambda: (_randn(3, 4, seed=0), _randn(3, 4, seed=1))),
+    Case("swiglu", torchops.swiglu, lambda g, u: F.silu(g) * u, lambda: (_randn(3, 4, seed=2), _randn(3, 4, seed=3))),
+    Case("csr_spmm", lambda v, d: torchops.csr_spmm(CROW, COL, v, d), lambda v, d: dense_of(v) @ d,
+         lambda: (_randn(5, seed=4), _randn(3, 2, seed=5))),
+    Case("rms_norm", lambda x, w: torchops.rms_norm(x, w, eps=1e-6),
+         lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps=1e-6), lambda: (_randn(3, 4, seed=6), _randn(4, seed=7))),
+]
+IDS = [c.name for c in CASES]
+
+
+def _sum_sq(f: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    return lambda *args: f(*args).pow(2).sum()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_grad(case: Case) -> None:
+    args = case.inputs()
+    got = grad(_sum_sq(case.op), argnums=(0, 1))(*args)
+    want = grad(_sum_sq(case.ref), argnums=(0, 1))(*args)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_vjp(case: Case) -> None:
+    args = case.inputs()
+    out, vjp_fn = vjp(case.op, *args)
+    ref_out, ref_vjp_fn = vjp(case.ref, *args)
+    torch.testing.assert_close(out, ref_out)
+    cotangent = torch.randn_like(out, generator=_gen(10))
+    torch.testing.assert_close(vjp_fn(cotangent), ref_vjp_fn(cotangent))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_jacrev(case: Case) -> None:
+    args = case.inputs()
+    torch.testing.assert_close(jacrev(case.op, argnums=(0, 1))(*args), jacrev(case.ref, argnums=(0, 1))(*args))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_jvp(case: Case) -> None:
+    args = case.inputs()
+    tangents = tuple(torch.randn_like(a, generator=_gen(20 + i)) for i, a in enumerate(args))
+    out, tangent = jvp(case.op, args, tangents)
+    ref_out, ref_tangent = jvp(case.ref, args, tangents)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(tangent, ref_tangent)
+    # One tangent missing (a zero tangent for the other argument).
+    _, only_second = jvp(lambda b: case.op(args[0], b), (args[1],), (tangents[1],))
+    _, ref_only_second = jvp(lambda b: case.ref(args[0], b), (args[1],), (tangents[1],))
+    torch.testing.assert_close(only_second, ref_only_second)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_jacfwd(case: Case) -> None:
+    args = case.inputs()
+    torch.testing.assert_close(jacfwd(case.op, argnums=(0, 1))(*args), jacrev(case.ref, argnums=(0, 1))(*args))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name != "vector_add"], ids=lambda c: c.name)
+def test_hessian(case: Case) -> None:
+    """jacfwd(jacrev(.)): forward mode through the backward ops (vector_add's Hessian is zero, skipped)."""
+    args = case.inputs()
+    f = _sum_sq(case.op)
+    ref = _sum_sq(case.ref)
+    torch.testing.assert_close(hessian(f, argnums=(0, 1))(*args), hessian(ref, argnums=(0, 1))(*args))
+    torch.testing.assert_close(jacrev(jacrev(f))(*args), hessian(ref)(*args))
+    torch.testing.assert_close(jacfwd(jacfwd(f))(*args), hessian(ref)(*args))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_vmap(case: Case) -> None:
+    args = case.inputs()
+    batched = tuple(torch.stack([a, 2 * a + 1, -a]) for a in args)
+    got = vmap(case.op)(*batched)
+    want = torch.stack([case.ref(*(b[i] for b in batched)) for i in range(3)])
+    torch.testing.assert_close(got, want)
+    # Only the second argument batched.
+    got = vmap(case.op, in_dims=(None, 0))(args[0], batched[1])
+    want = torch.stack([case.ref(args[0], batched[1][i]) for i in range(3)])
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_vmap_of_grad(case: Case) -> None:
+    """Per-sample gradients: grad inside vmap."""
+    args = case.inputs()
+    batched = tuple(torch.stack([a, 2 * a + 1]) for a in args)
+    got = vmap(grad(_sum_sq(case.op), argnums=(0, 1)))(*batched)
+    want = vmap(grad(_sum_sq(case.ref), argnums=(0, 1)))(*batched)
+    torch.testing.assert_close(got, want)
+
+
+def test_sparse_tensor_components_taken_outside_the_transform() -> None:
+    """PyTorch can't take a sparse CSR tensor's components inside a torch.func transform ("Sparse CSR tensors
+    do not have strides", also from torchops.spmm there): take them outside and call csr_spmm."""
+    values, dense, td = _randn(5, seed=30), _randn(3, 2, seed=31), _randn(3, 2, seed=32)
+    A = torch.sparse_csr_tensor(CROW, COL, values, (4, 3))
+    crow, col, vals = A.crow_indices(), A.col_indices(), A.values()
+    ref = lambda d: dense_of(values) @ d  # noqa: E731
+    f = lambda d: torchops.csr_spmm(crow, col, vals, d)  # noqa: E731
+    torch.testing.assert_close(jvp(f, (dense,), (td,)), jvp(ref, (dense,), (td,)))
+    torch.testing.assert_close(jacrev(f)(dense), jacrev(ref)(dense))
+    torch.testing.assert_close(vmap(f)(torch.stack([dense, td])), torch.stack([ref(dense), ref(td)]))
+
+
+# Forward-mode AD without torch.func (torch.autograd.forward_ad), the issue's reproducer among them.
+
+def test_forward_ad_csr_spmm_tangent_is_not_dropped() -> None:
+    values, dense = _randn(5, seed=40), _randn(3, 2, seed=41)
+    tv, td = _randn(5, seed=42), _randn(3, 2, seed=43)
+    with fwAD.dual_level():
+        out = torchops.csr_spmm(CROW, COL, fwAD.make_dual(values, tv), fwAD.make_dual(dense, td))
+        tangent = fwAD.unpack_dual(out).tangent
+    assert tangent is not None
+    torch.testing.assert_close(tangent, dense_of(tv) @ dense + dense_of(values) @ td)
+    _, via_func = jvp(lambda v, d: torchops.csr_spmm(CROW, COL, v, d), (values, dense), (tv, td))
+    assert via_func.abs().sum() > 0
+    torch.testing.assert_close(via_func, tangent)
+
+
+def test_forward_ad_spmm_with_cached_transpose() -> None:
+    values, dense, td = _randn(5, seed=50), _randn(3, 2, seed=51), _randn(3, 2, seed=52)
+    A = torch.sparse_csr_tensor(CROW, COL, values, (4, 3))
+    with fwAD.dual_level():
+        out = torchops.spmm(A, fwAD.make_dual(dense, td))
+        tangent = fwAD.unpack_dual(out).tangent
+    torch.testing.assert_close(tangent, dense_of(values) @ td)
+
+
+def test_gradcheck_forward_and_double_backward_csr() -> None:
+    values = _randn(5, seed=60).requires_grad_()
+    dense = _randn(3, 2, seed=61).requires_grad_()
+    grad_out = _randn(4, 2, seed=62).requires_grad_()
+    spmm = lambda v, d: torch.ops.myns.csr_spmm(CROW, COL, v, d)  # noqa: E731
+    sddmm = lambda g, d: torch.ops.myns._csr_sddmm(CROW, COL, g, d)  # noqa: E731
+    t_crow, t_col, t_perm = torch.ops.myns._csr_transpose(CROW, COL, 3)
+    with_t = lambda v, d: torch.ops.myns._csr_spmm_with_transpose(CROW, COL, v, d, t_crow, t_col, t_perm)  # noqa: E731
+    for f, args in ((spmm, (values, dense)), (sddmm, (grad_out, dense)), (with_t, (values, dense))):
+        assert torch.autograd.gradcheck(f, args, check_forward_ad=True, check_backward_ad=True)
+        assert torch.autograd.gradgradcheck(f, args, check_fwd_over_rev=True, check_rev_over_rev=True)
+
+
+def test_gradcheck_forward_over_reverse_swiglu() -> None:
+    gate, up = _randn(3, 4, seed=70).requires_grad_(), _randn(3, 4, seed=71).requires_grad_()
+    assert torch.autograd.gradcheck(torchops.swiglu, (gate, up), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(torchops.swiglu, (gate, up), check_fwd_over_rev=True)
+    grad_out = _randn(3, 4, seed=72).requires_grad_()
+    assert torch.autograd.gradcheck(torch.ops.myns.swiglu_backward, (grad_out, gate, up), check_forward_ad=True)
+
+
+# The graph nodes keep autograd's usual behaviour.
+
+@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
+def test_no_node_without_grad_and_named_node_with(case: Case) -> None:
+    args = case.inputs()
+    assert case.op(*args).grad_fn is None
+    with torch.no_grad():
+        assert case.op(*(a.requires_grad_() for a in args)).grad_fn is None
+    out = case.op(*args)
+    assert out.requires_grad and out.grad_fn.name().endswith("Backward")
+    next_nodes = {e[0] for e in out.grad_fn.next_functions if e[0] is not None}
+    assert next_nodes == {a.grad_fn or _accumulator(a) for a in args}
+
+
+def _accumulator(t: torch.Tensor) -> object:
+    return t.view_as(t).grad_fn.next_functions[0][0]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES[:3] if c.name != "vector_add"], ids=lambda c: c.name)
+def test_saved_input_modified_in_place_raises(case: Case) -> None:
+    args = tuple(a.requires_grad_() for a in case.inputs())
+    out = case.op(*args)
+    with torch.no_grad():
+        args[1].mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("case", [c for c in CASES[:3] if c.name != "vector_add"], ids=lambda c: c.name)
+def test_second_backward_without_retain_graph_raises(case: Case) -> None:
+    args = tuple(a.requires_grad_() for a in case.inputs())
+    out = case.op(*args).sum()
+    out.backward(retain_graph=True)
+    out.backward()  # retained: fine
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.backward()
+
+
+# The nodes' compiled-autograd support uses compiled autograd's C++ interface as torch 2.14 has it.
+COMPILED_AUTOGRAD_SUPPORTED = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14)
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
+def test_compiled_autograd(case: Case) -> None:
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    args = tuple(a.requires_grad_() for a in case.inputs())
+    want = torch.autograd.grad(_sum_sq(case.op)(*args), args)
+    torch._dynamo.reset()
+    if not COMPILED_AUTOGRAD_SUPPORTED:  # older torch: a clear error naming the op's node
+        with pytest.raises(NotImplementedError, match="compiled_args not implemented: .*Backward"):
+            with compiled_autograd._enable(torch.compile(backend="eager")):
+                _sum_sq(case.op)(*args).backward()
+        return
+    with compiled_autograd._enable(torch.compile(backend="eager")):
+        _sum_sq(case.op)(*args).backward()
+    torch.testing.assert_close(tuple(a.grad for a in args), want)
+
+
+def test_vmap_of_out_variant_fails_naming_the_op() -> None:
+    a, b = _randn(2, 3, seed=80), _randn(2, 3, seed=81)
+    with pytest.raises(RuntimeError, match="myns::vector_add_out"):
+        vmap(lambda x, y, o: torch.ops.myns.vector_add_out(x, y, o))(a, b, torch.empty_like(a))
+
+
+def test_grad_under_functorch_in_fresh_process() -> None:
+    """The first use in a process (nothing cached, no warm dispatcher state) works too."""
+    code = textwrap.dedent("""
+        import torch, torchops
+        x = torch.randn(4, dtype=torch.float64); y = torch.randn(4, dtype=torch.float64)
+        g = torch.func.grad(lambda a: torchops.swiglu(a, y).sum())(x)
+        s = torch.sigmoid(x)
+        torch.testing.assert_close(g, y * s * (1 + x * (1 - s)))
+        print("ok")
+    """)
+    with warnings.catch_warnings():
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT,
+                             env={"PYTHONPATH": REPO_ROOT, "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
