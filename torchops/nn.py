@@ -12,15 +12,13 @@ from torch import Tensor, nn
 __all__ = ["RMSNorm"]
 
 
-def _machine_eps(dtype: torch.dtype) -> float:
-    """torch.finfo(dtype).eps for the float dtypes, spelled out: TorchScript can't call torch.finfo."""
-    if dtype == torch.float16:
-        return 0.0009765625  # 2^-10
-    if dtype == torch.bfloat16:
-        return 0.0078125  # 2^-7
+def _default_eps(dtype: torch.dtype) -> float:
+    """The eps torch.nn.RMSNorm uses for eps=None: the machine epsilon of the dtype it computes in
+    (float64 for float64 input, else float32 -- also for float16/bfloat16 inputs, whatever torch's docs say
+    about "the input's dtype"). Spelled out: TorchScript can't call torch.finfo."""
     if dtype == torch.float64:
         return 2.220446049250313e-16  # 2^-52
-    return 1.1920928955078125e-07  # 2^-23: float32 (other dtypes are refused by the op)
+    return 1.1920928955078125e-07  # 2^-23
 
 
 class RMSNorm(nn.Module):
@@ -28,7 +26,8 @@ class RMSNorm(nn.Module):
 
     A drop-in for ``torch.nn.RMSNorm`` normalising over one (the last) dimension: same constructor
     arguments, parameter name (``weight``, initialised to ones) and ``state_dict`` keys, so weights load
-    either way. ``eps=None`` (the default, as in torch) means ``torch.finfo(input.dtype).eps`` at each call.
+    either way. ``eps=None`` (the default, as in torch) means the machine epsilon of the dtype the norm is
+    computed in, at each call, as torch does: float32's for float16/bfloat16/float32 inputs, float64's for float64.
     Scriptable (``torch.jit.script``), and works under ``torch.compile`` and ``torch.export``.
 
     ``forward(input)`` returns the normalised input. ``forward(input, residual)`` fuses the residual add of a
@@ -37,7 +36,7 @@ class RMSNorm(nn.Module):
 
     Args:
         normalized_shape: size of the last dimension, as an int or a 1-element sequence.
-        eps: added to the mean of squares; ``None`` for the input dtype's machine epsilon.
+        eps: added to the mean of squares; ``None`` for the machine epsilon (see above).
         elementwise_affine: learn a per-element ``weight`` (ones at first).
         device, dtype: of the weight. With float16/bfloat16 inputs the weight may be float32.
         weight_offset: the output is scaled by ``weight + weight_offset``, the sum formed in float32 (Gemma
@@ -93,7 +92,7 @@ class RMSNorm(nn.Module):
     def forward(self, input: Tensor, residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         eps = self.eps
         if eps is None:
-            eps = _machine_eps(input.dtype)
+            eps = _default_eps(input.dtype)
         # torch.ops.myns.* by name: TorchScript resolves those (not torchops.ops' C++ entry points).
         if residual is None:
             return torch.ops.myns.rms_norm(input, self.weight, eps, self.weight_offset)

@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <type_traits>
 
 #include "../common/dispatch.h"
 #include "../common/empty.h"
@@ -52,6 +53,17 @@ __device__ __forceinline__ AlignedVector<T, kC> add_rounded(const AlignedVector<
 #pragma unroll
   for (int e = 0; e < kC; ++e) out.val[e] = static_cast<T>(static_cast<A>(a.val[e]) + static_cast<A>(b.val[e]));
   return out;
+}
+
+// Hides a kept chunk's value from the optimizer between the sweeps: otherwise it keeps sweep 1's f32
+// conversions of 16-bit values live until sweep 2 (twice the registers of the packed values) and spills.
+template <typename T, int kC>
+__device__ __forceinline__ void keep_packed(AlignedVector<T, kC>& v) {
+  if constexpr (sizeof(v) % 4 == 0 && !std::is_same_v<T, double>) {
+    auto* words = reinterpret_cast<unsigned int*>(&v);
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(v) / 4); ++i) asm volatile("" : "+r"(words[i]));
+  }
 }
 
 template <typename T, typename W, int kC, typename A>
@@ -130,6 +142,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       }
       ss += chunk_squares<A>(v);
     }
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) keep_packed(cache[s]);
     ss = row_sum<kBlockPerRow>(ss, scratch);
     const A r = inverse_rms(ss, n, eps);
     if (rstd != nullptr && tid == 0) rstd[row] = r;
