@@ -35,10 +35,10 @@ constexpr int kMinRowThreads = 64;
 // Block-per-row shapes of a kernel family: kUnits 16-byte units per thread kept in registers on at most
 // kThreads threads (also the launch bound); longer rows keep kLongUnits on kLongThreads, the rest read twice.
 // kMinBlocks: the block kernels' launch-bound residency, which caps their registers (65536 / (threads x
-// blocks)): unbounded, ptxas hoisted every load of a row (the weight's too) and took 128 registers a thread,
-// one 512-thread block per SM, so no second row overlapped a row's reduction.
+// blocks)). The forward takes up to 128 registers a thread for 8 units: capped at 64 (two 512-thread
+// blocks per SM), ptxas spilled 600-1400 bytes a thread for 16-bit inputs, so it stays at one.
 struct ForwardShapes {  // one row's worth in registers
-  static constexpr int kUnits = 8, kThreads = 512, kLongUnits = 4, kLongThreads = 1024, kMinBlocks = 2;
+  static constexpr int kUnits = 8, kThreads = 512, kLongUnits = 4, kLongThreads = 1024, kMinBlocks = 1;
 };
 struct BackwardShapes {  // two rows' worth (x and dy): at 1024 threads ptxas spilled the bf16 variant
   static constexpr int kUnits = 4, kThreads = 512, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
@@ -127,16 +127,19 @@ struct RowConfig {
   int rows_per_block() const { return shape == RowShape::kWarp ? threads / kWarpSize : 1; }
 };
 
-template <typename T, typename Shapes>
+// kC: the chunk width. Element-wise chunks (misaligned rows, rare) take two shapes only, the warp with
+// kWarpMaxUnits and the long block: each shape is one more kernel per dtype pair to compile.
+template <typename T, typename Shapes, int kC>
 RowConfig row_config(int64_t n) {
   constexpr int kUnit = vector_size<T>();
   const int64_t n_units = (n + kUnit - 1) / kUnit;
   if (n_units <= int64_t{kWarpSize} * kWarpMaxUnits) {
-    const int units = n_units <= kWarpSize ? 1 : n_units <= 4 * kWarpSize ? 4 : kWarpMaxUnits;
+    int units = n_units <= kWarpSize ? 1 : n_units <= 4 * kWarpSize ? 4 : kWarpMaxUnits;
+    if (kC == 1) units = kWarpMaxUnits;
     return {RowShape::kWarp, units, kWarpSize * kWarpsPerBlock};
   }
   auto round_warps = [](int64_t t) { return static_cast<int>((t + kWarpSize - 1) / kWarpSize * kWarpSize); };
-  if (n_units <= int64_t{Shapes::kThreads} * Shapes::kUnits) {
+  if (kC > 1 && n_units <= int64_t{Shapes::kThreads} * Shapes::kUnits) {
     const int64_t threads = (n_units + Shapes::kUnits - 1) / Shapes::kUnits;
     return {RowShape::kBlock, Shapes::kUnits, std::max(kMinRowThreads, round_warps(threads))};
   }
@@ -152,20 +155,22 @@ void with_row_shape(const RowConfig& cfg, Fn&& fn) {
   constexpr int kPerUnit = chunks_per_unit<T, kC>();
   using Warp = std::integral_constant<int, kWarpSize * kWarpsPerBlock>;
   using One = std::integral_constant<int, 1>;
-  switch (cfg.shape) {
-    case RowShape::kBlock:
+  using Long = std::integral_constant<int, Shapes::kLongThreads>;
+  if (cfg.shape == RowShape::kLongBlock) {
+    return fn(std::integral_constant<int, Shapes::kLongUnits * kPerUnit>{}, std::true_type{}, Long{}, One{});
+  }
+  if constexpr (kC == 1) {  // row_config picks the warp with the most units, or the long block
+    return fn(std::integral_constant<int, kWarpMaxUnits * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+  } else {
+    if (cfg.shape == RowShape::kBlock) {
       return fn(std::integral_constant<int, Shapes::kUnits * kPerUnit>{}, std::true_type{},
                 std::integral_constant<int, Shapes::kThreads>{}, std::integral_constant<int, Shapes::kMinBlocks>{});
-    case RowShape::kLongBlock:
-      return fn(std::integral_constant<int, Shapes::kLongUnits * kPerUnit>{}, std::true_type{},
-                std::integral_constant<int, Shapes::kLongThreads>{}, One{});
-    case RowShape::kWarp:
-      break;
-  }
-  switch (cfg.units) {
-    case 1: return fn(std::integral_constant<int, 1 * kPerUnit>{}, std::false_type{}, Warp{}, One{});
-    case 4: return fn(std::integral_constant<int, 4 * kPerUnit>{}, std::false_type{}, Warp{}, One{});
-    default: return fn(std::integral_constant<int, kWarpMaxUnits * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+    }
+    switch (cfg.units) {
+      case 1: return fn(std::integral_constant<int, 1 * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+      case 4: return fn(std::integral_constant<int, 4 * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+      default: return fn(std::integral_constant<int, kWarpMaxUnits * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+    }
   }
 }
 

@@ -215,7 +215,7 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
   // The kernel's column loops step a 32-bit index by up to BackwardShapes::kLongThreads: it must not wrap.
   TORCH_CHECK(n <= INT32_MAX - BackwardShapes::kLongThreads,
               "rms_norm backward: rows of more than 2^31 - 513 elements are not supported on CUDA, got ", n);
-  const RowConfig cfg = row_config<T, BackwardShapes>(n);
+  const RowConfig cfg = row_config<T, BackwardShapes, kC>(n);
   const int per_block = cfg.rows_per_block();
   const bool want_dw = grad_weight.defined();
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
