@@ -26,7 +26,7 @@ namespace torchops {
 namespace {
 
 using namespace torchops::norm_cuda;
-using namespace torchops::rms_norm_cuda;
+using namespace torchops::rms_norm_kernels;
 
 // Writes out, residual_out (with a residual) and, when `rstd` is defined, each row's rstd.
 void forward_cuda_into(const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
