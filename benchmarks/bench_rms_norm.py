@@ -145,6 +145,11 @@ def bench(args: argparse.Namespace, copy_bps: float, liger) -> list[H.Result]:
                 fns = {k: v for o, c, _, d in runs if o == op and c == case for k, v in d.items()}
                 nbytes = next(b for o, c, b, _ in runs if o == op and c == case)
                 times = H.time_all_ms(fns, args.device, quick=args.quick)
+                # one progress line per (op, pass, shape): a run cut short still reports what it measured
+                peers = ", ".join(f"{k} {times[k] / times[IMPL]:.3f}x" for k in times if k != IMPL)
+                pct = H.pct_of(H.tbps(nbytes, times[IMPL]) * 1e12, copy_bps)
+                print(f"  {op} {case} {H.DTYPE_NAMES[dtype]} {shape}: ours {times[IMPL] * 1e3:.1f} us, {pct:.1f}% of "
+                      f"copy; vs {peers}", file=sys.stderr, flush=True)
                 for name, ms in times.items():
                     res = H.bandwidth_result(op=op, case=case, dtype=dtype, shape=shape, numel=m * n, impl=name,
                                              device=args.device, ms=ms, nbytes=nbytes, copy_bps=copy_bps,
