@@ -655,7 +655,7 @@ def rms_norm_backward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
 
 
 def rms_norm_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
-    return (random_tensor((n, 16), dtype, device), random_tensor((16,), dtype, device), 1e-6)
+    return (random_tensor((n, 16), dtype, device), random_tensor((16,), dtype, device), 1e-6, 1.0)
 
 
 def rms_norm_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:

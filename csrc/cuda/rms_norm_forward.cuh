@@ -85,7 +85,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   using WChunk = AlignedVector<W, kC>;
   __shared__ S scratch[kWarpSize];
   const int tid = P::tid(), threads = P::threads();
-  const int64_t n_chunks = n / kC;  // exact: the vector path requires n % kC == 0
+  // exact: the vector path requires n % kC == 0. 32-bit column math (n < 2^31, checked at launch): with
+  // 64-bit chunk indices ptxas spent ~2 registers per kept chunk on addresses.
+  const int n_chunks = static_cast<int>(n / kC);
   const int64_t first_row = static_cast<int64_t>(blockIdx.x) * P::per_block() + P::in_block();
   const int64_t row_step = static_cast<int64_t>(gridDim.x) * P::per_block();
   for (int64_t row = first_row; row < rows; row += row_step) {  // uniform over the processor
@@ -96,19 +98,19 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     Chunk cache[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int64_t c = tid + static_cast<int64_t>(s) * threads;
+      const int c = tid + s * threads;
       if (c < n_chunks) cache[s] = load_vector<T, kC>(xr, c);
     }
     if constexpr (kAdd) {
       Chunk other[kSlots];
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
-        const int64_t c = tid + static_cast<int64_t>(s) * threads;
+        const int c = tid + s * threads;
         if (c < n_chunks) other[s] = load_vector<T, kC>(rr, c);
       }
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
-        const int64_t c = tid + static_cast<int64_t>(s) * threads;
+        const int c = tid + s * threads;
         if (c < n_chunks) {
           cache[s] = add_rounded<A>(cache[s], other[s]);
           store_vector<T, kC>(hr, c, cache[s]);
@@ -118,9 +120,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     S ss = 0;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      if (tid + static_cast<int64_t>(s) * threads < n_chunks) ss += chunk_squares<A>(cache[s]);
+      if (tid + s * threads < n_chunks) ss += chunk_squares<A>(cache[s]);
     }
-    for (int64_t c = tid + static_cast<int64_t>(kSlots) * threads; c < n_chunks; c += threads) {
+    for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
       Chunk v = load_vector<T, kC>(xr, c);
       if constexpr (kAdd) {
         v = add_rounded<A>(v, load_vector<T, kC>(rr, c));
@@ -139,23 +141,23 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
         WChunk wc[kWeightGroup];
 #pragma unroll
         for (int k = 0; k < kWeightGroup && g + k < kSlots; ++k) {
-          const int64_t c = tid + static_cast<int64_t>(g + k) * threads;
+          const int c = tid + (g + k) * threads;
           if (c < n_chunks) wc[k] = load_vector<W, kC>(weight, c);
         }
 #pragma unroll
         for (int k = 0; k < kWeightGroup && g + k < kSlots; ++k) {
-          const int64_t c = tid + static_cast<int64_t>(g + k) * threads;
+          const int c = tid + (g + k) * threads;
           if (c < n_chunks) store_vector<T, kC>(yr, c, normalize(cache[g + k], wc[k], r, offset));
         }
       }
     } else {
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
-        const int64_t c = tid + static_cast<int64_t>(s) * threads;
+        const int c = tid + s * threads;
         if (c < n_chunks) store_vector<T, kC>(yr, c, normalize(cache[s], r));
       }
     }
-    for (int64_t c = tid + static_cast<int64_t>(kSlots) * threads; c < n_chunks; c += threads) {
+    for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
       const Chunk v = kAdd ? load_vector<T, kC>(hr, c) : load_vector<T, kC>(xr, c);
       if (weight != nullptr) {
         store_vector<T, kC>(yr, c, normalize(v, load_vector<W, kC>(weight, c), r, offset));
@@ -179,12 +181,22 @@ struct ForwardArgs {
   opmath_t<T>* rstd;
 };
 
+// add_rms_norm keeps two rows' worth in sweep 1 (input and residual): at 8 units a thread ptxas spilled
+// ~400 bytes a thread, and its forward ran at ~60% of copy bandwidth.
+struct AddForwardShapes {
+  static constexpr int kUnits = 4, kThreads = 512, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
+};
+
 template <typename T, typename W, int kC, bool kAdd>
 void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
                     cudaStream_t stream) {
-  const RowConfig cfg = row_config<T, ForwardShapes, kC>(n);
+  using Shapes = std::conditional_t<kAdd, AddForwardShapes, ForwardShapes>;
+  // The kernel's column loops step a 32-bit index by up to a block's threads: it must not wrap.
+  TORCH_CHECK(n <= INT32_MAX - Shapes::kLongThreads * kC,
+              "rms_norm: rows of 2^31 - 2^13 elements or more are not supported on CUDA, got ", n);
+  const RowConfig cfg = row_config<T, Shapes, kC>(n);
   const unsigned int blocks = blocks_to_cover(rows, cfg.rows_per_block());
-  with_row_shape<T, kC, ForwardShapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
+  with_row_shape<T, kC, Shapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
     norm_forward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value, kAdd,
                         decltype(max_threads)::value, decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
         a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<opmath_t<T>>(offset),
