@@ -263,8 +263,9 @@ def test_add_rms_norm_is_add_then_rms_norm(device: str, dtype: torch.dtype) -> N
                 warnings.simplefilter("ignore", UserWarning)
                 want = F.rms_norm(x + r, (n,), w, 1e-5)
             torch.testing.assert_close(out, want, rtol=rtol, atol=atol, msg=lambda m: f"{shape}: {m}")
-            # normalised from the rounded sum: bit-equal to our own rms_norm of residual_out
-            assert torch.equal(out, torchops.rms_norm(residual_out, w, 1e-5))
+            # normalised from the rounded sum: our own rms_norm of residual_out, up to the row sum's order (on
+            # CUDA the two ops may split a row over threads differently)
+            torch.testing.assert_close(out, torchops.rms_norm(residual_out, w, 1e-5))
 
 
 @pytest.mark.parametrize("device", DEVICES)
