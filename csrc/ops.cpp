@@ -41,11 +41,24 @@ TORCH_LIBRARY(myns, m) {
   define(m, "_csr_transpose(Tensor crow_indices, Tensor col_indices, SymInt K) -> (Tensor, Tensor, Tensor)");
 
   m.set_python_module("meta_kernels.rms_norm");
-  define(m, "rms_norm(Tensor input, Tensor? weight=None, float eps=1e-06) -> Tensor");
+  // out = x * rstd * (weight + weight_offset), rstd = rsqrt(mean(x^2, -1) + eps); the offset is added in f32
+  // (Gemma stores w and scales by 1 + w).
+  define(m, "rms_norm(Tensor input, Tensor? weight=None, float eps=1e-06, float weight_offset=0.0) -> Tensor");
   // Internal, for autograd: out plus each row's rstd (shape input.shape[:-1]; float32, float64 for float64).
-  define(m, "_rms_norm_forward(Tensor input, Tensor? weight, float eps=1e-06) -> (Tensor out, Tensor rstd)");
+  define(m, "_rms_norm_forward(Tensor input, Tensor? weight, float eps=1e-06, float weight_offset=0.0) "
+            "-> (Tensor out, Tensor rstd)");
   // Internal: grad_input (when input_grad) and grad_weight (when weight_grad; needs a weight); an output not
-  // asked for is a [0]-shaped placeholder.
+  // asked for is a [0]-shaped placeholder. The offset enters grad_input only.
   define(m, "_rms_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor rstd, bool input_grad, "
-            "bool weight_grad) -> (Tensor grad_input, Tensor grad_weight)");
+            "bool weight_grad, float weight_offset=0.0) -> (Tensor grad_input, Tensor grad_weight)");
+  // residual_out = input + residual (rounded to input's dtype), out = rms_norm(residual_out, ...), in one pass.
+  define(m, "add_rms_norm(Tensor input, Tensor residual, Tensor? weight=None, float eps=1e-06, "
+            "float weight_offset=0.0) -> (Tensor out, Tensor residual_out)");
+  // Internal, for autograd: add_rms_norm's outputs plus each row's rstd.
+  define(m, "_add_rms_norm_forward(Tensor input, Tensor residual, Tensor? weight, float eps=1e-06, "
+            "float weight_offset=0.0) -> (Tensor out, Tensor residual_out, Tensor rstd)");
+  // Internal: the gradient reaching input and residual alike (rms_norm's grad_input of residual_out, plus
+  // grad_residual_out when given) and grad_weight (when weight_grad; else a [0]-shaped placeholder).
+  define(m, "_add_rms_norm_backward(Tensor grad_out, Tensor? grad_residual_out, Tensor residual_out, Tensor? weight, "
+            "Tensor rstd, bool weight_grad, float weight_offset=0.0) -> (Tensor grad_input, Tensor grad_weight)");
 }

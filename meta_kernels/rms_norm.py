@@ -1,4 +1,4 @@
-"""Fake kernels for myns::rms_norm, myns::_rms_norm_forward and myns::_rms_norm_backward.
+"""Fake kernels for myns::rms_norm, myns::add_rms_norm and their internal forward / backward ops.
 
 The checks mirror csrc/common/norm.cpp message for message.
 """
@@ -17,39 +17,80 @@ def stat_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def check_norm_input(op: str, input: torch.Tensor, weight: torch.Tensor | None) -> None:
-    check(input.dim() >= 1, op, "input must have at least 1 dimension, got a 0-dim tensor")
-    dtype_in(op, ("input", input), FLOAT_DTYPES)
+def check_norm_input(
+    op: str, input: torch.Tensor, weight: torch.Tensor | None, weight_offset: float = 0.0, name: str = "input"
+) -> None:
+    check(input.dim() >= 1, op, f"{name} must have at least 1 dimension, got a 0-dim tensor")
+    dtype_in(op, (name, input), FLOAT_DTYPES)
     n = input.shape[-1]
-    check(n >= 1, op, f"input's last dimension (the normalised one) must be at least 1, got shape {list(input.shape)}")
+    check(n >= 1, op, f"{name}'s last dimension (the normalised one) must be at least 1, got shape {list(input.shape)}")
     if weight is None:
+        check(
+            weight_offset == 0.0,
+            op,
+            "weight_offset is non-zero but weight is None; pass a weight (ones to scale by 1 + weight_offset)",
+        )
         return
-    same_device(op, ("input", input), ("weight", weight))
+    same_device(op, (name, input), ("weight", weight))
     check(
         weight.dim() == 1 and weight.shape[0] == n,
         op,
-        f"weight must be 1-D of size {n} (input's last dimension), got shape {list(weight.shape)}",
+        f"weight must be 1-D of size {n} ({name}'s last dimension), got shape {list(weight.shape)}",
     )
     reduced = input.dtype in _REDUCED
     check(
         weight.dtype == input.dtype or (reduced and weight.dtype == torch.float32),
         op,
-        f"weight must have input's dtype ({_dtype_name(input.dtype)}){' or Float' if reduced else ''}, "
+        f"weight must have {name}'s dtype ({_dtype_name(input.dtype)}){' or Float' if reduced else ''}, "
         f"got {_dtype_name(weight.dtype)}",
     )
 
 
+def check_norm_input_pair(
+    op: str, input: tuple[str, torch.Tensor], other: tuple[str, torch.Tensor], weight: torch.Tensor | None,
+    weight_offset: float,
+) -> None:
+    check_norm_input(op, input[1], weight, weight_offset, input[0])
+    check_elementwise(op, [input, other], FLOAT_DTYPES)
+
+
+def check_norm_backward(
+    op: str,
+    grad_out: torch.Tensor,
+    input: tuple[str, torch.Tensor],
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    weight_grad: bool,
+    weight_offset: float,
+) -> None:
+    name, x = input
+    check_norm_input(op, x, weight, weight_offset, name)
+    check_elementwise(op, [input, ("grad_out", grad_out)], FLOAT_DTYPES)
+    same_device(op, input, ("rstd", rstd))
+    leading = list(x.shape[:-1])
+    want = stat_dtype(x.dtype)
+    check(
+        rstd.dim() == len(leading) and all(a == b for a, b in zip(rstd.shape, leading)) and rstd.dtype == want,
+        op,
+        f"rstd must have shape {leading} ({name}'s leading dimensions) and dtype {_dtype_name(want)}, "
+        f"got shape {list(rstd.shape)} and dtype {_dtype_name(rstd.dtype)}",
+    )
+    check(not weight_grad or weight is not None, op, "weight_grad is true but weight is None")
+
+
 @torch.library.register_fake("myns::rms_norm")
-def rms_norm(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    check_norm_input("rms_norm", input, weight)
+def rms_norm(
+    input: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, weight_offset: float = 0.0
+) -> torch.Tensor:
+    check_norm_input("rms_norm", input, weight, weight_offset)
     return input.new_empty(input.shape)  # dense, like the real kernels' output
 
 
 @torch.library.register_fake("myns::_rms_norm_forward")
 def _rms_norm_forward(
-    input: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6
+    input: torch.Tensor, weight: torch.Tensor | None, eps: float = 1e-6, weight_offset: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check_norm_input("_rms_norm_forward", input, weight)
+    check_norm_input("_rms_norm_forward", input, weight, weight_offset)
     return input.new_empty(input.shape), input.new_empty(input.shape[:-1], dtype=stat_dtype(input.dtype))
 
 
@@ -61,21 +102,55 @@ def _rms_norm_backward(
     rstd: torch.Tensor,
     input_grad: bool,
     weight_grad: bool,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    op = "_rms_norm_backward"
-    check_norm_input(op, input, weight)
-    check_elementwise(op, [("input", input), ("grad_out", grad_out)], FLOAT_DTYPES)
-    same_device(op, ("input", input), ("rstd", rstd))
-    leading = list(input.shape[:-1])
-    want = stat_dtype(input.dtype)
-    check(
-        rstd.dim() == len(leading) and all(a == b for a, b in zip(rstd.shape, leading)) and rstd.dtype == want,
-        op,
-        f"rstd must have shape {leading} (input's leading dimensions) and dtype {_dtype_name(want)}, "
-        f"got shape {list(rstd.shape)} and dtype {_dtype_name(rstd.dtype)}",
-    )
-    check(not weight_grad or weight is not None, op, "weight_grad is true but weight is None")
+    check_norm_backward("_rms_norm_backward", grad_out, ("input", input), weight, rstd, weight_grad, weight_offset)
     weight_dtype = weight.dtype if weight is not None else input.dtype
     grad_input = input.new_empty(input.shape if input_grad else (0,))
     grad_weight = input.new_empty(weight.shape if weight_grad else (0,), dtype=weight_dtype)
     return grad_input, grad_weight
+
+
+@torch.library.register_fake("myns::add_rms_norm")
+def add_rms_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_norm_input_pair("add_rms_norm", ("input", input), ("residual", residual), weight, weight_offset)
+    return input.new_empty(input.shape), input.new_empty(input.shape)
+
+
+@torch.library.register_fake("myns::_add_rms_norm_forward")
+def _add_rms_norm_forward(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_norm_input_pair("_add_rms_norm_forward", ("input", input), ("residual", residual), weight, weight_offset)
+    rstd = input.new_empty(input.shape[:-1], dtype=stat_dtype(input.dtype))
+    return input.new_empty(input.shape), input.new_empty(input.shape), rstd
+
+
+@torch.library.register_fake("myns::_add_rms_norm_backward")
+def _add_rms_norm_backward(
+    grad_out: torch.Tensor,
+    grad_residual_out: torch.Tensor | None,
+    residual_out: torch.Tensor,
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    weight_grad: bool,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    op = "_add_rms_norm_backward"
+    check_norm_backward(op, grad_out, ("residual_out", residual_out), weight, rstd, weight_grad, weight_offset)
+    if grad_residual_out is not None:
+        check_norm_input_pair(op, ("residual_out", residual_out), ("grad_residual_out", grad_residual_out), weight,
+                              weight_offset)
+    weight_dtype = weight.dtype if weight is not None else residual_out.dtype
+    grad_weight = residual_out.new_empty(weight.shape if weight_grad else (0,), dtype=weight_dtype)
+    return residual_out.new_empty(residual_out.shape), grad_weight

@@ -529,31 +529,31 @@ def csr_transpose_errors(device: str) -> list[ErrorInput]:
 
 
 # ------------------------------------------------------------------------------------------------ rms_norm
-# (shape, input layout, weight, eps). Layouts beyond make_layout's: "row_sliced" (rows of a wider tensor:
+# (shape, input layout, weight, eps, weight_offset). Layouts beyond make_layout's: "row_sliced" (rows of a wider tensor:
 # a row stride, dense last dim, read in place) and "offset" rows (misaligned for 16-byte vectors). Weights:
 # None, "same" (input's dtype), "f32" (float32 with 16-bit input; input's dtype otherwise), "strided".
 # N covers 1, odd sizes missing every vector width, both sides of the CUDA warp/block-per-row switch
 # (2048 elements for 16-bit, 1024 f32, 512 f64) and a large N (8192 + 3).
-_RMS_NORM_CASES: list[tuple[tuple[int, ...], str, str | None, float]] = [
-    ((4, 1), "contiguous", "same", 1e-6),
-    ((3, 7), "contiguous", None, 1e-6),
-    ((5, 33), "contiguous", "same", 1e-5),
-    ((6, 64), "contiguous", "f32", 1e-6),
-    ((3, 1000), "contiguous", "same", 1e-6),
-    ((2, 1001), "offset", "f32", 1e-6),
-    ((3, 2048), "contiguous", "same", 1e-6),
-    ((2, 2056), "contiguous", "f32", 1e-6),
-    ((2, 8195), "contiguous", "same", 1e-6),
-    ((2, 8192), "row_sliced", "f32", 0.1),
-    ((300, 16), "contiguous", "same", 1e-6),
-    ((0, 16), "contiguous", "same", 1e-6),
-    ((2, 0, 8), "contiguous", None, 1e-6),
-    ((16,), "contiguous", "same", 1e-6),
-    ((2, 3, 40), "contiguous", "same", 0.0),
-    ((2, 3, 40), "permuted", "same", 1e-6),
-    ((24, 10), "transposed", "strided", 1e-6),
-    ((9, 48), "row_sliced", None, 1e-6),
-    ((5, 24), "expanded", "same", 1e-6),
+_RMS_NORM_CASES: list[tuple[tuple[int, ...], str, str | None, float, float]] = [
+    ((4, 1), "contiguous", "same", 1e-6, 0.0),
+    ((3, 7), "contiguous", None, 1e-6, 0.0),
+    ((5, 33), "contiguous", "same", 1e-5, 0.0),
+    ((6, 64), "contiguous", "f32", 1e-6, 1.0),
+    ((3, 1000), "contiguous", "same", 1e-6, 0.0),
+    ((2, 1001), "offset", "f32", 1e-6, -0.5),
+    ((3, 2048), "contiguous", "same", 1e-6, 1.0),
+    ((2, 2056), "contiguous", "f32", 1e-6, 0.0),
+    ((2, 8195), "contiguous", "same", 1e-6, 0.0),
+    ((2, 8192), "row_sliced", "f32", 0.1, 1.0),
+    ((300, 16), "contiguous", "same", 1e-6, -0.5),
+    ((0, 16), "contiguous", "same", 1e-6, 0.0),
+    ((2, 0, 8), "contiguous", None, 1e-6, 0.0),
+    ((16,), "contiguous", "same", 1e-6, 1.0),
+    ((2, 3, 40), "contiguous", "same", 0.0, 0.0),
+    ((2, 3, 40), "permuted", "same", 1e-6, 0.0),
+    ((24, 10), "transposed", "strided", 1e-6, 1.0),
+    ((9, 48), "row_sliced", None, 1e-6, 0.0),
+    ((5, 24), "expanded", "same", 1e-6, 0.0),
 ]
 
 
@@ -574,36 +574,43 @@ def _rms_norm_weight(kind: str | None, n: int, dtype: torch.dtype, device: str) 
 
 
 def _rms_norm_args(device: str, dtype: torch.dtype, requires_grad: bool):
-    for shape, layout, weight_kind, eps in _RMS_NORM_CASES:
+    for shape, layout, weight_kind, eps, offset in _RMS_NORM_CASES:
         x = _grad(_rms_norm_input(shape, dtype, device, layout), requires_grad)
         w = _rms_norm_weight(weight_kind, shape[-1], dtype, device)
         w = None if w is None else _grad(w, requires_grad)
         wdesc = "no weight" if w is None else f"weight {str(w.dtype).removeprefix('torch.')}"
-        yield x, w, eps, f"{shape} {layout}, {wdesc}, eps={eps}"
+        yield x, w, eps, offset, f"{shape} {layout}, {wdesc}, eps={eps}, weight_offset={offset}"
 
 
 def rms_norm_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
     x = _grad(random_tensor((4, 12), dtype, device), requires_grad)
-    return rms_norm_forward_samples(device, dtype, requires_grad) + [Sample((x,), desc="(4, 12), weight and eps defaulted")]
+    w = _grad(random_tensor((12,), dtype, device), requires_grad)
+    return rms_norm_forward_samples(device, dtype, requires_grad) + [
+        Sample((x,), desc="(4, 12), weight, eps and weight_offset defaulted"),
+        Sample((x, w, 1e-6, 0.0), desc="(4, 12), weight_offset 0 given"),
+    ]
 
 
-def rms_norm_reference(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm_reference(input: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                       weight_offset: float = 0.0) -> torch.Tensor:
     rstd = torch.rsqrt(input.pow(2).mean(-1, keepdim=True) + eps)
     out = input * rstd
-    return out if weight is None else out * weight
+    return out if weight is None else out * (weight + weight_offset)
 
 
 def rms_norm_forward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
-    return [Sample((x, w, eps), desc=desc) for x, w, eps, desc in _rms_norm_args(device, dtype, requires_grad)]
+    return [Sample((x, w, eps, offset), desc=desc)
+            for x, w, eps, offset, desc in _rms_norm_args(device, dtype, requires_grad)]
 
 
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def rms_norm_forward_reference(input: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, ...]:
+def rms_norm_forward_reference(input: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                               weight_offset: float = 0.0) -> tuple[torch.Tensor, ...]:
     rstd = torch.rsqrt(input.pow(2).mean(-1) + eps)
-    return rms_norm_reference(input, weight, eps), rstd
+    return rms_norm_reference(input, weight, eps, weight_offset), rstd
 
 
 def rms_norm_forward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
@@ -619,27 +626,27 @@ def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_norm_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
     samples = []
     masks = [(True, True), (True, False), (False, True), (False, False)]
-    for i, (x, w, eps, desc) in enumerate(_rms_norm_args(device, dtype, False)):
+    for i, (x, w, eps, offset, desc) in enumerate(_rms_norm_args(device, dtype, False)):
         # grad_out in the other layout family, so dy and x take different paths when one is copied.
         dy = _rms_norm_input(tuple(x.shape), dtype, device, "row_sliced" if x.is_contiguous() else "contiguous")
         input_grad, weight_grad = masks[i % len(masks)]
         weight_grad = weight_grad and w is not None
-        samples.append(Sample((dy, x, w, _rstd(x, eps), input_grad, weight_grad),
+        samples.append(Sample((dy, x, w, _rstd(x, eps), input_grad, weight_grad, offset),
                               desc=f"{desc}, input_grad={input_grad}, weight_grad={weight_grad}"))
     return samples
 
 
-def rms_norm_backward_reference(grad_out, input, weight, rstd, input_grad, weight_grad):
+def _rms_norm_grads(grad_out, input, weight, rstd, weight_offset):
     n = input.shape[-1]
     r = rstd.unsqueeze(-1)
-    g = grad_out if weight is None else grad_out * weight
+    g = grad_out if weight is None else grad_out * (weight + weight_offset)
     s = (g * input).sum(-1, keepdim=True)
-    grad_input = r * g - input * r.pow(3) / n * s if input_grad else input.new_empty(0)
-    if weight_grad:
-        grad_weight = (grad_out * input * r).reshape(-1, n).sum(0)
-    else:
-        grad_weight = input.new_empty(0)
-    return grad_input, grad_weight
+    return r * g - input * r.pow(3) / n * s, (grad_out * input * r).reshape(-1, n).sum(0)
+
+
+def rms_norm_backward_reference(grad_out, input, weight, rstd, input_grad, weight_grad, weight_offset=0.0):
+    grad_input, grad_weight = _rms_norm_grads(grad_out, input, weight, rstd, weight_offset)
+    return (grad_input if input_grad else input.new_empty(0)), (grad_weight if weight_grad else input.new_empty(0))
 
 
 def rms_norm_backward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
@@ -648,12 +655,13 @@ def rms_norm_backward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
 
 
 def rms_norm_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
-    return (random_tensor((n, 16), dtype, device), random_tensor((16,), dtype, device), 1e-6)
+    return (random_tensor((n, 16), dtype, device), random_tensor((16,), dtype, device), 1e-6, 1.0)
 
 
 def rms_norm_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
     x = random_tensor((n, 16), dtype, device)
-    return (random_tensor((n, 16), dtype, device), x, random_tensor((16,), dtype, device), _rstd(x, 1e-6), True, True)
+    return (random_tensor((n, 16), dtype, device), x, random_tensor((16,), dtype, device), _rstd(x, 1e-6), True, True,
+            1.0)
 
 
 def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[ErrorInput]:
@@ -676,6 +684,9 @@ def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[Erro
         ErrorInput(Sample((f32(4, 8).double(), f32(8), 1e-6) + extra),
                    r"myns::OP: weight must have input's dtype \(Double\), got Float"),
     ]
+    if not extra:  # ops whose next argument is weight_offset
+        cases.append(ErrorInput(Sample((f32(4, 8), None, 1e-6, 0.5)),
+                                r"myns::OP: weight_offset is non-zero but weight is None; pass a weight"))
     if device == "cuda":
         cases.append(ErrorInput(Sample((f32(4, 8), torch.randn(8), 1e-6) + extra),
                                 r"myns::OP: input and weight must be on the same device, got cuda:0 and cpu"))
@@ -710,6 +721,152 @@ def rms_norm_backward_errors(device: str) -> list[ErrorInput]:
     if device == "cuda":
         cases.append(ErrorInput(Sample((torch.randn(4, 8), x, w, f32(4), True, True)),
                                 rf"{op}: input and grad_out must be on the same device, got cuda:0 and cpu"))
+    return cases
+
+
+# --------------------------------------------------------------------------------------------- add_rms_norm
+# The rms_norm cases, each with a residual in the other layout family (so input and residual take different
+# paths when one is copied), and the residual's own misaligned start for the "offset" rows. Input and
+# residual are multiples of 1/16 in [-3, 3], so input + residual is exact in every dtype: the kernels
+# normalise residual_out rounded to the input's dtype, the float64 reference the exact sum, and rstd (float32
+# for 16-bit inputs) would otherwise differ by a 16-bit rounding.
+def _on_sixteenths_(t: torch.Tensor) -> torch.Tensor:
+    base = t._base if t._base is not None else t  # the layouts are views of one dense tensor
+    with torch.no_grad():
+        base.mul_(16).round_().div_(16)
+    return t
+
+
+def _add_rms_norm_args(device: str, dtype: torch.dtype, requires_grad: bool):
+    for (x, w, eps, offset, desc), (shape, x_layout, *_) in zip(_rms_norm_args(device, dtype, False), _RMS_NORM_CASES):
+        layout = "offset" if x_layout == "offset" else "row_sliced" if x.is_contiguous() else "contiguous"
+        r = _on_sixteenths_(_rms_norm_input(tuple(x.shape), dtype, device, layout))
+        x = _on_sixteenths_(x)
+        w = None if w is None else _grad(w, requires_grad)
+        yield _grad(x, requires_grad), _grad(r, requires_grad), w, eps, offset, f"{desc}, residual {layout}"
+
+
+def add_rms_norm_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    x = _grad(_on_sixteenths_(random_tensor((4, 12), dtype, device)), requires_grad)
+    r = _grad(_on_sixteenths_(random_tensor((4, 12), dtype, device)), requires_grad)
+    return add_rms_norm_forward_samples(device, dtype, requires_grad) + [
+        Sample((x, r), desc="(4, 12), weight, eps and weight_offset defaulted"),
+        Sample((x, x), desc="(4, 12), input and residual the same tensor, no weight"),
+    ]
+
+
+def add_rms_norm_forward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    return [Sample((x, r, w, eps, offset), desc=desc)
+            for x, r, w, eps, offset, desc in _add_rms_norm_args(device, dtype, requires_grad)]
+
+
+def add_rms_norm_reference(input, residual, weight=None, eps=1e-6, weight_offset=0.0):
+    h = input + residual
+    return rms_norm_reference(h, weight, eps, weight_offset), h
+
+
+def add_rms_norm_forward_reference(input, residual, weight, eps=1e-6, weight_offset=0.0):
+    h = input + residual
+    out, rstd = rms_norm_forward_reference(h, weight, eps, weight_offset)
+    return out, h, rstd
+
+
+def add_rms_norm_forward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
+    dtype = sample.args[0].dtype
+    return dtype, dtype, _stat_dtype(dtype)
+
+
+def add_rms_norm_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    samples = []
+    for i, (x, r, w, eps, offset, desc) in enumerate(_add_rms_norm_args(device, dtype, False)):
+        h = (x + r).contiguous() if i % 2 else x  # residual_out as the forward makes it, or in x's layout
+        dy = _rms_norm_input(tuple(x.shape), dtype, device, "row_sliced" if h.is_contiguous() else "contiguous")
+        dres = None if i % 3 == 0 else r  # grad_residual_out absent (unused residual_out) or in r's layout
+        weight_grad = w is not None and i % 4 != 1
+        samples.append(Sample((dy, dres, h, w, _rstd(h, eps), weight_grad, offset),
+                              desc=f"{desc}, grad_residual_out {'None' if dres is None else 'given'}, "
+                                   f"weight_grad={weight_grad}"))
+    return samples
+
+
+def add_rms_norm_backward_reference(grad_out, grad_residual_out, residual_out, weight, rstd, weight_grad,
+                                    weight_offset=0.0):
+    grad_input, grad_weight = _rms_norm_grads(grad_out, residual_out, weight, rstd, weight_offset)
+    if grad_residual_out is not None:
+        grad_input = grad_input + grad_residual_out
+    return grad_input, (grad_weight if weight_grad else residual_out.new_empty(0))
+
+
+def add_rms_norm_backward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
+    h, w = sample.args[2], sample.args[3]
+    return h.dtype, (h.dtype if w is None else w.dtype)
+
+
+def add_rms_norm_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (random_tensor((n, 16), dtype, device), random_tensor((n, 16), dtype, device),
+            random_tensor((16,), dtype, device), 1e-6, 1.0)
+
+
+def add_rms_norm_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    h = random_tensor((n, 16), dtype, device)
+    return (random_tensor((n, 16), dtype, device), random_tensor((n, 16), dtype, device), h,
+            random_tensor((16,), dtype, device), _rstd(h, 1e-6), True, 1.0)
+
+
+def _add_rms_norm_errors(op: str, device: str) -> list[ErrorInput]:
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    x, w = f32(4, 8), f32(8)
+    cases = [
+        ErrorInput(Sample((f32(()), f32(()), None, 1e-6, 0.0)), r"myns::OP: input must have at least 1 dimension"),
+        ErrorInput(Sample((x.to(torch.int32), x.to(torch.int32), None, 1e-6, 0.0)),
+                   r"myns::OP: input has unsupported dtype Int; supported: Half, BFloat16, Float, Double"),
+        ErrorInput(Sample((x, f32(4, 8), f32(9), 1e-6, 0.0)),
+                   r"myns::OP: weight must be 1-D of size 8 \(input's last dimension\), got shape \[9\]"),
+        ErrorInput(Sample((x, f32(4, 9), w, 1e-6, 0.0)),
+                   r"myns::OP: input and residual must have the same shape, got \[4, 8\] and \[4, 9\]"),
+        ErrorInput(Sample((x, f32(8), w, 1e-6, 0.0)),
+                   r"myns::OP: input and residual must have the same shape, got \[4, 8\] and \[8\]"),
+        ErrorInput(Sample((x, f32(4, 8).half(), w, 1e-6, 0.0)),
+                   r"myns::OP: input and residual must have the same dtype, got Float and Half"),
+        ErrorInput(Sample((x, f32(4, 8), None, 1e-6, 1.0)),
+                   r"myns::OP: weight_offset is non-zero but weight is None; pass a weight"),
+    ]
+    if device == "cuda":
+        cases.append(ErrorInput(Sample((x, torch.randn(4, 8), w, 1e-6, 0.0)),
+                                r"myns::OP: input and residual must be on the same device, got cuda:0 and cpu"))
+    return _named(op, cases)
+
+
+def add_rms_norm_errors(device: str) -> list[ErrorInput]:
+    return _add_rms_norm_errors("add_rms_norm", device)
+
+
+def add_rms_norm_forward_errors(device: str) -> list[ErrorInput]:
+    return _add_rms_norm_errors("_add_rms_norm_forward", device)
+
+
+def add_rms_norm_backward_errors(device: str) -> list[ErrorInput]:
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    h, w, r = f32(4, 8), f32(8), f32(4)
+    op = "myns::_add_rms_norm_backward"
+    cases = [
+        ErrorInput(Sample((f32(4, 8), None, f32(()), None, f32(()), False, 0.0)),
+                   rf"{op}: residual_out must have at least 1 dimension"),
+        ErrorInput(Sample((f32(4, 9), None, h, w, r, True, 0.0)),
+                   rf"{op}: residual_out and grad_out must have the same shape, got \[4, 8\] and \[4, 9\]"),
+        ErrorInput(Sample((f32(4, 8), f32(4, 9), h, w, r, True, 0.0)),
+                   rf"{op}: residual_out and grad_residual_out must have the same shape, got \[4, 8\] and \[4, 9\]"),
+        ErrorInput(Sample((f32(4, 8), f32(4, 8).double(), h, w, r, True, 0.0)),
+                   rf"{op}: residual_out and grad_residual_out must have the same dtype, got Float and Double"),
+        ErrorInput(Sample((f32(4, 8), None, h, w, f32(4).double(), True, 0.0)),
+                   rf"{op}: rstd must have shape \[4\] \(residual_out's leading dimensions\) and dtype Float"),
+        ErrorInput(Sample((f32(4, 8), None, h, None, r, True, 0.0)), rf"{op}: weight_grad is true but weight is None"),
+        ErrorInput(Sample((f32(4, 8), None, h, None, r, False, 1.0)),
+                   rf"{op}: weight_offset is non-zero but weight is None"),
+    ]
+    if device == "cuda":
+        cases.append(ErrorInput(Sample((torch.randn(4, 8), None, h, w, r, True, 0.0)),
+                                rf"{op}: residual_out and grad_out must be on the same device, got cuda:0 and cpu"))
     return cases
 
 
@@ -808,6 +965,33 @@ OP_DB: list[OpInfo] = [
         sized_inputs=rms_norm_backward_sized,
         differentiable=False,  # double backward is refused by its Autograd kernel
         output_dtypes=rms_norm_backward_dtypes,
+    ),
+    OpInfo(
+        name="add_rms_norm",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=add_rms_norm_samples,
+        reference=add_rms_norm_reference,
+        error_inputs=add_rms_norm_errors,
+        sized_inputs=add_rms_norm_sized,
+    ),
+    OpInfo(
+        name="_add_rms_norm_forward",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=add_rms_norm_forward_samples,
+        reference=add_rms_norm_forward_reference,
+        error_inputs=add_rms_norm_forward_errors,
+        sized_inputs=add_rms_norm_sized,
+        output_dtypes=add_rms_norm_forward_dtypes,
+    ),
+    OpInfo(
+        name="_add_rms_norm_backward",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=add_rms_norm_backward_samples,
+        reference=add_rms_norm_backward_reference,
+        error_inputs=add_rms_norm_backward_errors,
+        sized_inputs=add_rms_norm_backward_sized,
+        differentiable=False,  # double backward is refused by its Autograd kernel
+        output_dtypes=add_rms_norm_backward_dtypes,
     ),
 ]
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from torchops.ops import rms_norm
-
 __all__ = ["RMSNorm"]
+
+
+def _default_eps(dtype: torch.dtype) -> float:
+    """The eps torch.nn.RMSNorm uses for eps=None: the machine epsilon of the dtype it computes in
+    (float64 for float64 input, else float32 -- also for float16/bfloat16 inputs, whatever torch's docs say
+    about "the input's dtype"). Spelled out: TorchScript can't call torch.finfo."""
+    if dtype == torch.float64:
+        return 2.220446049250313e-16  # 2^-52
+    return 1.1920928955078125e-07  # 2^-23
 
 
 class RMSNorm(nn.Module):
@@ -18,43 +26,58 @@ class RMSNorm(nn.Module):
 
     A drop-in for ``torch.nn.RMSNorm`` normalising over one (the last) dimension: same constructor
     arguments, parameter name (``weight``, initialised to ones) and ``state_dict`` keys, so weights load
-    either way. ``eps=None`` (torch's default) means ``torch.finfo(input.dtype).eps``, as in torch.
+    either way. ``eps=None`` (the default, as in torch) means the machine epsilon of the dtype the norm is
+    computed in, at each call, as torch does: float32's for float16/bfloat16/float32 inputs, float64's for float64.
+    Scriptable (``torch.jit.script``), and works under ``torch.compile`` and ``torch.export``.
+
+    ``forward(input)`` returns the normalised input. ``forward(input, residual)`` fuses the residual add of a
+    pre-norm transformer block: it returns ``(out, residual_out)`` with ``residual_out = input + residual``
+    (rounded to input's dtype) and ``out`` the normalised ``residual_out`` (``torchops.add_rms_norm``).
 
     Args:
-        dim: size of the last dimension, as an int or a 1-element sequence (torch's ``normalized_shape``).
-        eps: added to the mean of squares; ``None`` for the input dtype's machine epsilon.
+        normalized_shape: size of the last dimension, as an int or a 1-element sequence.
+        eps: added to the mean of squares; ``None`` for the machine epsilon (see above).
         elementwise_affine: learn a per-element ``weight`` (ones at first).
         device, dtype: of the weight. With float16/bfloat16 inputs the weight may be float32.
+        weight_offset: the output is scaled by ``weight + weight_offset``, the sum formed in float32 (Gemma
+            stores ``w`` and scales by ``1 + w``: ``weight_offset=1.0``; the weight then starts at zeros).
+            Needs ``elementwise_affine=True``.
     """
 
-    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
-    normalized_shape: tuple[int, ...]
-    eps: float | None
+    __constants__ = ["normalized_shape", "eps", "elementwise_affine", "weight_offset"]
+    normalized_shape: Tuple[int]
+    eps: Optional[float]
     elementwise_affine: bool
+    weight_offset: float
 
     def __init__(
         self,
-        dim: int | Sequence[int] | torch.Size,
-        eps: float | None = 1e-6,
+        normalized_shape: int | Sequence[int] | torch.Size,
+        eps: float | None = None,
         elementwise_affine: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        weight_offset: float = 0.0,
     ) -> None:
         super().__init__()
-        if isinstance(dim, numbers.Integral):
-            shape = (int(dim),)
+        if isinstance(normalized_shape, numbers.Integral):
+            shape = (int(normalized_shape),)
         else:
-            shape = tuple(int(d) for d in dim)
+            shape = tuple(int(d) for d in normalized_shape)
             if len(shape) != 1:
                 raise ValueError(
-                    f"torchops.nn.RMSNorm normalises over the last dimension only: dim must be an int or a "
-                    f"1-element sequence, got {tuple(dim)}"
+                    "torchops.nn.RMSNorm normalises over the last dimension only: normalized_shape must be an int "
+                    f"or a 1-element sequence, got {tuple(normalized_shape)}"
                 )
         if shape[0] < 1:
-            raise ValueError(f"torchops.nn.RMSNorm: dim must be at least 1, got {shape[0]}")
+            raise ValueError(f"torchops.nn.RMSNorm: normalized_shape must be at least 1, got {shape[0]}")
+        if weight_offset != 0.0 and not elementwise_affine:
+            raise ValueError("torchops.nn.RMSNorm: weight_offset needs elementwise_affine=True (it offsets the weight)")
         self.normalized_shape = shape
         self.eps = eps
         self.elementwise_affine = elementwise_affine
+        self.weight_offset = float(weight_offset)
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         else:
@@ -62,12 +85,19 @@ class RMSNorm(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """Weight to 1 - weight_offset: the scale starts at 1 (ones; zeros for Gemma's offset of 1)."""
         if self.weight is not None:
-            nn.init.ones_(self.weight)
+            nn.init.constant_(self.weight, 1.0 - self.weight_offset)
 
-    def forward(self, input: Tensor) -> Tensor:
-        eps = self.eps if self.eps is not None else torch.finfo(input.dtype).eps
-        return rms_norm(input, self.weight, eps)
+    def forward(self, input: Tensor, residual: Optional[Tensor] = None) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        eps = self.eps
+        if eps is None:
+            eps = _default_eps(input.dtype)
+        # torch.ops.myns.* by name: TorchScript resolves those (not torchops.ops' C++ entry points).
+        if residual is None:
+            return torch.ops.myns.rms_norm(input, self.weight, eps, self.weight_offset)
+        return torch.ops.myns.add_rms_norm(input, residual, self.weight, eps, self.weight_offset)
 
     def extra_repr(self) -> str:
-        return "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}".format(**self.__dict__)
+        s = "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}".format(**self.__dict__)
+        return s + (f", weight_offset={self.weight_offset}" if self.weight_offset != 0.0 else "")

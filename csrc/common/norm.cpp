@@ -2,7 +2,8 @@
 
 namespace torchops {
 
-void check_norm_input(const char* op, NamedTensor input, const std::optional<at::Tensor>& weight) {
+void check_norm_input(const char* op, NamedTensor input, const std::optional<at::Tensor>& weight,
+                      double weight_offset) {
   // Sizes are read as SymInts: the Autograd kernel runs this on fake tensors with symbolic shapes too
   // (TORCH_SYM_CHECK turns a symbolic condition into a runtime assertion of the traced graph).
   check_defined(op, input);
@@ -11,7 +12,11 @@ void check_norm_input(const char* op, NamedTensor input, const std::optional<at:
   const c10::SymInt& n = input.tensor.sym_size(-1);
   TORCH_SYM_CHECK(n.sym_ge(1), "myns::", op, ": ", input.name,
                   "'s last dimension (the normalised one) must be at least 1, got shape ", input.tensor.sym_sizes());
-  if (!weight.has_value() || !weight->defined()) return;
+  if (!weight.has_value() || !weight->defined()) {
+    TORCHOPS_CHECK(weight_offset == 0.0, op,
+                   "weight_offset is non-zero but weight is None; pass a weight (ones to scale by 1 + weight_offset)");
+    return;
+  }
   const at::Tensor& w = *weight;
   const NamedTensor named_weight{"weight", w};
   check_same_device(op, input, named_weight);
@@ -26,9 +31,26 @@ void check_norm_input(const char* op, NamedTensor input, const std::optional<at:
                  w.scalar_type());
 }
 
+void check_norm_input_pair(const char* op, NamedTensor input, NamedTensor other,
+                           const std::optional<at::Tensor>& weight, double weight_offset) {
+  check_norm_input(op, input, weight, weight_offset);
+  check_defined(op, other);
+  check_same_device(op, input, other);
+  check_same_dtype(op, input, other);
+  // Symbolic-safe (the Autograd kernel checks fake tensors too): one runtime assertion per dimension.
+  const auto xs = input.tensor.sym_sizes(), ys = other.tensor.sym_sizes();
+  TORCHOPS_CHECK(xs.size() == ys.size(), op, input.name, " and ", other.name, " must have the same shape, got ", xs,
+                 " and ", ys);
+  for (size_t d = 0; d < xs.size(); ++d) {
+    TORCH_SYM_CHECK(xs[d].sym_eq(ys[d]), "myns::", op, ": ", input.name, " and ", other.name,
+                    " must have the same shape, got ", xs, " and ", ys);
+  }
+}
+
 void check_norm_backward(const char* op, NamedTensor grad_out, NamedTensor input,
-                         const std::optional<at::Tensor>& weight, NamedTensor stat, bool weight_grad) {
-  check_norm_input(op, input, weight);
+                         const std::optional<at::Tensor>& weight, NamedTensor stat, bool weight_grad,
+                         double weight_offset) {
+  check_norm_input(op, input, weight, weight_offset);
   check_defined(op, grad_out);
   check_defined(op, stat);
   check_same_device(op, input, grad_out);

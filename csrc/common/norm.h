@@ -13,14 +13,22 @@
 namespace torchops {
 
 // input: a float tensor with at least one dimension and a non-empty last dimension N. weight (when given):
-// 1-D of size N on input's device, of input's dtype, or float32 when input is float16/bfloat16.
-void check_norm_input(const char* op, NamedTensor input, const std::optional<at::Tensor>& weight);
+// 1-D of size N on input's device, of input's dtype, or float32 when input is float16/bfloat16. A non-zero
+// weight_offset needs a weight (it offsets the weight; without one there is nothing to offset, and silently
+// ignoring it would hide a mistake).
+void check_norm_input(const char* op, NamedTensor input, const std::optional<at::Tensor>& weight,
+                      double weight_offset);
+
+// check_norm_input, plus `other` (a residual, a gradient added to dx) of input's shape, dtype and device.
+void check_norm_input_pair(const char* op, NamedTensor input, NamedTensor other,
+                           const std::optional<at::Tensor>& weight, double weight_offset);
 
 // Backward arguments: input and weight as above; grad_out like input (shape, dtype, device); `stat` (rstd,
 // mean, ...) of shape input.shape[:-1] and dtype float32 (float64 for float64 input) on input's device;
 // weight_grad only with a weight.
 void check_norm_backward(const char* op, NamedTensor grad_out, NamedTensor input,
-                         const std::optional<at::Tensor>& weight, NamedTensor stat, bool weight_grad);
+                         const std::optional<at::Tensor>& weight, NamedTensor stat, bool weight_grad,
+                         double weight_offset);
 
 // Dtype of per-row statistics (rstd) and of dweight accumulation: float64 for float64, else float32.
 inline at::ScalarType norm_stat_dtype(at::ScalarType input) {

@@ -1,127 +1,172 @@
-// rms_norm on the CPU. Rows are split across cores (at::parallel_for); each row is two sweeps: the sum of
-// squares, then x * rstd (* weight). AVX2/FMA loops (8 f32 lanes; f16/bf16 converted by F16C / bit shifts)
-// when the processor has them, at::vec (f32/f64) or scalar code otherwise; float64 always takes at::vec.
-// Backward: dx per row in one pass over the row's (dy, x) after its dot product; dweight from per-chunk
-// partial rows (a fixed split of the rows, independent of the thread count) summed in chunk order, so it
-// is deterministic.
-#include <ATen/Parallel.h>
+// rms_norm and add_rms_norm on the CPU: the row math on top of the row engine (common/norm_cpu.h).
+//   forward  - sweep 1 sums the squares of the row h (h = x, or for add_rms_norm h = x + residual rounded to
+//              T and stored as residual_out in the same sweep); sweep 2 writes (h * rstd) * (w + offset),
+//              formed in f32 (f64 for f64) and rounded once, F.rms_norm's order. For add_rms_norm the second
+//              sweep reads h back from residual_out, still in cache.
+//   backward - per row: s = sum((dy * (w + offset)) * h), then dx = rstd * dy * (w + offset) - h * rstd^3 / N * s
+//              (+ grad_residual_out for add_rms_norm); dweight's partial rows sum dy * h * rstd.
+// AVX2/FMA loops (8 f32 lanes; f16/bf16 converted by F16C / bit shifts) when the processor has them,
+// at::vec (f32/f64) or scalar code otherwise; float64 always takes at::vec.
 #include <ATen/core/Tensor.h>
-#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
-#include <vector>
 
 #include "../common/cpu_avx2.h"
 #include "../common/dispatch.h"
 #include "../common/empty.h"
 #include "../common/norm.h"
+#include "../common/norm_cpu.h"
 
 namespace torchops {
 namespace {
 
-constexpr int64_t kGrainElems = 32768;  // elements per task: large enough to amortise thread hand-off
-constexpr int64_t kMaxChunks = 64;      // dweight partial rows at most (bounds the scratch memory)
+using norm_cpu::blocked_sum_portable;
 
 template <typename A>
-inline A inverse_rms(A sum_squares, int64_t n, A eps) {
-  // Same order as F.rms_norm: mean, + eps, then 1/sqrt.
-  return A(1) / std::sqrt(sum_squares / static_cast<A>(n) + eps);
+inline A inverse_rms(double sum_squares, int64_t n, A eps) {
+  // Same order as F.rms_norm: mean, + eps, then 1/sqrt, in the working precision.
+  return A(1) / std::sqrt(static_cast<A>(sum_squares / static_cast<double>(n)) + eps);
 }
+
+// One forward row: h (= x, or x + residual stored to h_out), weight (nullable), output.
+template <typename T, typename W>
+struct ForwardRow {
+  const T* x;
+  const T* residual;  // null: plain rms_norm
+  T* h_out;           // residual_out's row (with residual)
+  const W* w;
+  T* y;
+};
+
+// One backward row. dx's extra term dres (grad_residual_out) may be null; dx and dw_acc may each be null.
+template <typename T, typename W, typename A>
+struct BackwardRow {
+  const T* dy;
+  const T* h;
+  const T* dres;
+  const W* w;
+  T* dx;
+  A* dw_acc;
+};
 
 // ------------------------------------------------------------------------------------------- AVX2 rows
 #ifdef TORCHOPS_HAS_AVX2_PATH
-// T: float, Half or BFloat16; W: T or float. Returns the row's rstd.
-template <typename T, typename W>
-TORCHOPS_TARGET_AVX2 float forward_row_avx2(const T* x, const W* w, T* y, int64_t n, float eps) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
-         acc3 = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 32 <= n; j += 32) {
-    const __m256 a = cpu::load8_as_float(x + j), b = cpu::load8_as_float(x + j + 8);
-    const __m256 c = cpu::load8_as_float(x + j + 16), d = cpu::load8_as_float(x + j + 24);
-    acc0 = _mm256_fmadd_ps(a, a, acc0);
-    acc1 = _mm256_fmadd_ps(b, b, acc1);
-    acc2 = _mm256_fmadd_ps(c, c, acc2);
-    acc3 = _mm256_fmadd_ps(d, d, acc3);
+template <typename T>
+struct SquaresAvx2 {
+  const T* x;
+  TORCHOPS_TARGET_AVX2 __m256 operator()(int64_t j) const {
+    const __m256 v = cpu::load8_as_float(x + j);
+    return _mm256_mul_ps(v, v);
   }
-  for (; j + 8 <= n; j += 8) {
-    const __m256 a = cpu::load8_as_float(x + j);
-    acc0 = _mm256_fmadd_ps(a, a, acc0);
-  }
-  float ss = cpu::hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; j < n; ++j) {
+  float scalar(int64_t j) const {
     const float v = static_cast<float>(x[j]);
-    ss += v * v;
+    return v * v;
+  }
+};
+
+// Stores h = round_T(x + r) and returns the squares of the rounded values.
+template <typename T>
+struct AddSquaresAvx2 {
+  const T* x;
+  const T* r;
+  T* h;
+  TORCHOPS_TARGET_AVX2 __m256 operator()(int64_t j) const {
+    __m256 v = _mm256_add_ps(cpu::load8_as_float(x + j), cpu::load8_as_float(r + j));
+    cpu::store8_from_float(h + j, v);
+    if constexpr (!std::is_same_v<T, float>) v = cpu::load8_as_float(h + j);  // the rounded value
+    return _mm256_mul_ps(v, v);
+  }
+  float scalar(int64_t j) const {
+    h[j] = static_cast<T>(static_cast<float>(x[j]) + static_cast<float>(r[j]));
+    const float v = static_cast<float>(h[j]);
+    return v * v;
+  }
+};
+
+// (dy * (w + offset)) * h, or dy * h without a weight.
+template <typename T, typename W>
+struct GradDotAvx2 {
+  const T* dy;
+  const T* h;
+  const W* w;
+  float offset;
+  TORCHOPS_TARGET_AVX2 __m256 operator()(int64_t j) const {
+    __m256 g = cpu::load8_as_float(dy + j);
+    if (w != nullptr) g = _mm256_mul_ps(g, _mm256_add_ps(cpu::load8_as_float(w + j), _mm256_set1_ps(offset)));
+    return _mm256_mul_ps(g, cpu::load8_as_float(h + j));
+  }
+  float scalar(int64_t j) const {
+    float g = static_cast<float>(dy[j]);
+    if (w != nullptr) g *= static_cast<float>(w[j]) + offset;
+    return g * static_cast<float>(h[j]);
+  }
+};
+
+template <typename T, typename W>
+TORCHOPS_TARGET_AVX2 float forward_row_avx2(const ForwardRow<T, W>& row, int64_t n, float eps, float offset) {
+  double ss;
+  const T* h = row.x;
+  if (row.residual != nullptr) {
+    AddSquaresAvx2<T> terms{row.x, row.residual, row.h_out};
+    ss = norm_cpu::blocked_sum_avx2(terms, n);
+    h = row.h_out;
+  } else {
+    SquaresAvx2<T> terms{row.x};
+    ss = norm_cpu::blocked_sum_avx2(terms, n);
   }
   const float r = inverse_rms(ss, n, eps);
-  const __m256 vr = _mm256_set1_ps(r);
-  j = 0;
-  // (x * rstd) first, then * weight, both in f32, one rounding to T at the end: F.rms_norm's order.
-  if (w != nullptr) {
+  const __m256 vr = _mm256_set1_ps(r), voff = _mm256_set1_ps(offset);
+  int64_t j = 0;
+  if (row.w != nullptr) {
     for (; j + 8 <= n; j += 8) {
-      const __m256 v = _mm256_mul_ps(cpu::load8_as_float(x + j), vr);
-      cpu::store8_from_float(y + j, _mm256_mul_ps(v, cpu::load8_as_float(w + j)));
+      const __m256 v = _mm256_mul_ps(cpu::load8_as_float(h + j), vr);
+      cpu::store8_from_float(row.y + j, _mm256_mul_ps(v, _mm256_add_ps(cpu::load8_as_float(row.w + j), voff)));
     }
-    for (; j < n; ++j) y[j] = static_cast<T>(static_cast<float>(x[j]) * r * static_cast<float>(w[j]));
+    for (; j < n; ++j) {
+      row.y[j] = static_cast<T>(static_cast<float>(h[j]) * r * (static_cast<float>(row.w[j]) + offset));
+    }
   } else {
-    for (; j + 8 <= n; j += 8) cpu::store8_from_float(y + j, _mm256_mul_ps(cpu::load8_as_float(x + j), vr));
-    for (; j < n; ++j) y[j] = static_cast<T>(static_cast<float>(x[j]) * r);
+    for (; j + 8 <= n; j += 8) cpu::store8_from_float(row.y + j, _mm256_mul_ps(cpu::load8_as_float(h + j), vr));
+    for (; j < n; ++j) row.y[j] = static_cast<T>(static_cast<float>(h[j]) * r);
   }
   return r;
 }
 
-// dx = rstd * g - x * (rstd^3 / N) * sum(g * x) with g = dy * w (or dy); dw_acc += dy * x * rstd.
-// dx and dw_acc may each be null (not requested).
 template <typename T, typename W>
-TORCHOPS_TARGET_AVX2 void backward_row_avx2(const T* dy, const T* x, const W* w, float r, T* dx, float* dw_acc,
-                                            int64_t n) {
-  int64_t j = 0;
+TORCHOPS_TARGET_AVX2 void backward_row_avx2(const BackwardRow<T, W, float>& row, float r, int64_t n, float offset) {
   float c = 0.f;
-  if (dx != nullptr) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; j + 16 <= n; j += 16) {
-      __m256 g0 = cpu::load8_as_float(dy + j), g1 = cpu::load8_as_float(dy + j + 8);
-      if (w != nullptr) {
-        g0 = _mm256_mul_ps(g0, cpu::load8_as_float(w + j));
-        g1 = _mm256_mul_ps(g1, cpu::load8_as_float(w + j + 8));
-      }
-      acc0 = _mm256_fmadd_ps(g0, cpu::load8_as_float(x + j), acc0);
-      acc1 = _mm256_fmadd_ps(g1, cpu::load8_as_float(x + j + 8), acc1);
-    }
-    for (; j + 8 <= n; j += 8) {
-      __m256 g = cpu::load8_as_float(dy + j);
-      if (w != nullptr) g = _mm256_mul_ps(g, cpu::load8_as_float(w + j));
-      acc0 = _mm256_fmadd_ps(g, cpu::load8_as_float(x + j), acc0);
-    }
-    float s = cpu::hsum8(_mm256_add_ps(acc0, acc1));
-    for (; j < n; ++j) {
-      const float g = static_cast<float>(dy[j]) * (w != nullptr ? static_cast<float>(w[j]) : 1.f);
-      s += g * static_cast<float>(x[j]);
-    }
-    c = r * r * r * s / static_cast<float>(n);
+  if (row.dx != nullptr) {
+    GradDotAvx2<T, W> terms{row.dy, row.h, row.w, offset};
+    const double s = norm_cpu::blocked_sum_avx2(terms, n);
+    c = static_cast<float>(static_cast<double>(r) * r * r * s / static_cast<double>(n));
   }
-  const __m256 vr = _mm256_set1_ps(r), vc = _mm256_set1_ps(c);
-  for (j = 0; j + 8 <= n; j += 8) {
-    const __m256 d = cpu::load8_as_float(dy + j), xv = cpu::load8_as_float(x + j);
-    if (dx != nullptr) {
-      const __m256 g = w != nullptr ? _mm256_mul_ps(d, cpu::load8_as_float(w + j)) : d;
-      cpu::store8_from_float(dx + j, _mm256_sub_ps(_mm256_mul_ps(vr, g), _mm256_mul_ps(vc, xv)));
+  const __m256 vr = _mm256_set1_ps(r), vc = _mm256_set1_ps(c), voff = _mm256_set1_ps(offset);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 d = cpu::load8_as_float(row.dy + j), hv = cpu::load8_as_float(row.h + j);
+    if (row.dx != nullptr) {
+      const __m256 g = row.w != nullptr ? _mm256_mul_ps(d, _mm256_add_ps(cpu::load8_as_float(row.w + j), voff)) : d;
+      __m256 dx = _mm256_sub_ps(_mm256_mul_ps(vr, g), _mm256_mul_ps(vc, hv));
+      if (row.dres != nullptr) dx = _mm256_add_ps(dx, cpu::load8_as_float(row.dres + j));
+      cpu::store8_from_float(row.dx + j, dx);
     }
-    if (dw_acc != nullptr) {
-      _mm256_storeu_ps(dw_acc + j, _mm256_fmadd_ps(_mm256_mul_ps(d, xv), vr, _mm256_loadu_ps(dw_acc + j)));
+    if (row.dw_acc != nullptr) {
+      _mm256_storeu_ps(row.dw_acc + j, _mm256_fmadd_ps(_mm256_mul_ps(d, hv), vr, _mm256_loadu_ps(row.dw_acc + j)));
     }
   }
   for (; j < n; ++j) {
-    const float d = static_cast<float>(dy[j]), xv = static_cast<float>(x[j]);
-    if (dx != nullptr) {
-      const float g = w != nullptr ? d * static_cast<float>(w[j]) : d;
-      dx[j] = static_cast<T>(r * g - c * xv);
+    const float d = static_cast<float>(row.dy[j]), hv = static_cast<float>(row.h[j]);
+    if (row.dx != nullptr) {
+      const float g = row.w != nullptr ? d * (static_cast<float>(row.w[j]) + offset) : d;
+      float dx = r * g - c * hv;
+      if (row.dres != nullptr) dx += static_cast<float>(row.dres[j]);
+      row.dx[j] = static_cast<T>(dx);
     }
-    if (dw_acc != nullptr) dw_acc[j] += d * xv * r;
+    if (row.dw_acc != nullptr) row.dw_acc[j] += d * hv * r;
   }
 }
 #endif
@@ -131,220 +176,279 @@ TORCHOPS_TARGET_AVX2 void backward_row_avx2(const T* dy, const T* x, const W* w,
 template <typename T, typename W>
 constexpr bool kVecPath = std::is_same_v<T, opmath_t<T>> && std::is_same_v<W, T>;
 
-template <typename A>
-A sum_lanes(const at::vec::Vectorized<A>& v) {
-  A lanes[at::vec::Vectorized<A>::size()];
-  v.store(lanes);
-  A s = 0;
-  for (A lane : lanes) s += lane;
-  return s;
-}
+template <typename T, typename W>
+struct SquaresPortable {
+  using A = opmath_t<T>;
+  const T* x;
+  at::vec::Vectorized<A> vec(int64_t j) const {
+    if constexpr (kVecPath<T, W>) {
+      const auto v = at::vec::Vectorized<A>::loadu(x + j);
+      return v * v;
+    } else {
+      return at::vec::Vectorized<A>(A(0));  // unused
+    }
+  }
+  A scalar(int64_t j) const {
+    const A v = static_cast<A>(x[j]);
+    return v * v;
+  }
+};
 
 template <typename T, typename W>
-opmath_t<T> forward_row_portable(const T* x, const W* w, T* y, int64_t n, opmath_t<T> eps) {
+struct GradDotPortable {
+  using A = opmath_t<T>;
+  const T* dy;
+  const T* h;
+  const W* w;
+  A offset;
+  at::vec::Vectorized<A> vec(int64_t j) const {
+    using Vec = at::vec::Vectorized<A>;
+    if constexpr (kVecPath<T, W>) {
+      Vec g = Vec::loadu(dy + j);
+      if (w != nullptr) g = g * (Vec::loadu(w + j) + Vec(offset));
+      return g * Vec::loadu(h + j);
+    } else {
+      return Vec(A(0));  // unused
+    }
+  }
+  A scalar(int64_t j) const {
+    A g = static_cast<A>(dy[j]);
+    if (w != nullptr) g *= static_cast<A>(w[j]) + offset;
+    return g * static_cast<A>(h[j]);
+  }
+};
+
+template <typename T, typename W>
+opmath_t<T> forward_row_portable(const ForwardRow<T, W>& row, int64_t n, opmath_t<T> eps, opmath_t<T> offset) {
   using A = opmath_t<T>;
   using Vec = at::vec::Vectorized<A>;
-  A ss = 0;
+  const T* h = row.x;
+  if (row.residual != nullptr) {  // h = x + residual, rounded to T (rare path: no vectors)
+    for (int64_t j = 0; j < n; ++j) row.h_out[j] = static_cast<T>(static_cast<A>(row.x[j]) + static_cast<A>(row.residual[j]));
+    h = row.h_out;
+  }
+  SquaresPortable<T, W> terms{h};
+  const A r = inverse_rms(blocked_sum_portable<A, kVecPath<T, W>>(terms, n), n, eps);
   int64_t j = 0;
   if constexpr (kVecPath<T, W>) {
-    Vec acc(A(0));
-    for (; j + Vec::size() <= n; j += Vec::size()) {
-      const Vec v = Vec::loadu(x + j);
-      acc = at::vec::fmadd(v, v, acc);
-    }
-    ss = sum_lanes(acc);
-  }
-  for (; j < n; ++j) {
-    const A v = static_cast<A>(x[j]);
-    ss += v * v;
-  }
-  const A r = inverse_rms(ss, n, eps);
-  j = 0;
-  if constexpr (kVecPath<T, W>) {
-    const Vec vr(r);
-    if (w != nullptr) {
-      for (; j + Vec::size() <= n; j += Vec::size()) (Vec::loadu(x + j) * vr * Vec::loadu(w + j)).store(y + j);
+    const Vec vr(r), voff(offset);
+    if (row.w != nullptr) {
+      for (; j + Vec::size() <= n; j += Vec::size()) {
+        (Vec::loadu(h + j) * vr * (Vec::loadu(row.w + j) + voff)).store(row.y + j);
+      }
     } else {
-      for (; j + Vec::size() <= n; j += Vec::size()) (Vec::loadu(x + j) * vr).store(y + j);
+      for (; j + Vec::size() <= n; j += Vec::size()) (Vec::loadu(h + j) * vr).store(row.y + j);
     }
   }
   for (; j < n; ++j) {
-    A v = static_cast<A>(x[j]) * r;
-    if (w != nullptr) v *= static_cast<A>(w[j]);
-    y[j] = static_cast<T>(v);
+    A v = static_cast<A>(h[j]) * r;
+    if (row.w != nullptr) v *= static_cast<A>(row.w[j]) + offset;
+    row.y[j] = static_cast<T>(v);
   }
   return r;
 }
 
 template <typename T, typename W>
-void backward_row_portable(const T* dy, const T* x, const W* w, opmath_t<T> r, T* dx, opmath_t<T>* dw_acc,
-                           int64_t n) {
+void backward_row_portable(const BackwardRow<T, W, opmath_t<T>>& row, opmath_t<T> r, int64_t n, opmath_t<T> offset) {
   using A = opmath_t<T>;
   using Vec = at::vec::Vectorized<A>;
   A c = 0;
-  if (dx != nullptr) {
-    A s = 0;
-    int64_t j = 0;
-    if constexpr (kVecPath<T, W>) {
-      Vec acc(A(0));
-      for (; j + Vec::size() <= n; j += Vec::size()) {
-        Vec g = Vec::loadu(dy + j);
-        if (w != nullptr) g = g * Vec::loadu(w + j);
-        acc = at::vec::fmadd(g, Vec::loadu(x + j), acc);
-      }
-      s = sum_lanes(acc);
-    }
-    for (; j < n; ++j) s += static_cast<A>(dy[j]) * (w != nullptr ? static_cast<A>(w[j]) : A(1)) * static_cast<A>(x[j]);
-    c = r * r * r * s / static_cast<A>(n);
+  if (row.dx != nullptr) {
+    GradDotPortable<T, W> terms{row.dy, row.h, row.w, offset};
+    const double s = blocked_sum_portable<A, kVecPath<T, W>>(terms, n);
+    c = static_cast<A>(static_cast<double>(r) * r * r * s / static_cast<double>(n));
   }
   int64_t j = 0;
   if constexpr (kVecPath<T, W>) {
-    const Vec vr(r), vc(c);
+    const Vec vr(r), vc(c), voff(offset);
     for (; j + Vec::size() <= n; j += Vec::size()) {
-      const Vec d = Vec::loadu(dy + j), xv = Vec::loadu(x + j);
-      if (dx != nullptr) {
-        const Vec g = w != nullptr ? d * Vec::loadu(w + j) : d;
-        (vr * g - vc * xv).store(dx + j);
+      const Vec d = Vec::loadu(row.dy + j), hv = Vec::loadu(row.h + j);
+      if (row.dx != nullptr) {
+        const Vec g = row.w != nullptr ? d * (Vec::loadu(row.w + j) + voff) : d;
+        Vec dx = vr * g - vc * hv;
+        if (row.dres != nullptr) dx = dx + Vec::loadu(row.dres + j);
+        dx.store(row.dx + j);
       }
-      if (dw_acc != nullptr) at::vec::fmadd(d * xv, vr, Vec::loadu(dw_acc + j)).store(dw_acc + j);
+      if (row.dw_acc != nullptr) at::vec::fmadd(d * hv, vr, Vec::loadu(row.dw_acc + j)).store(row.dw_acc + j);
     }
   }
   for (; j < n; ++j) {
-    const A d = static_cast<A>(dy[j]), xv = static_cast<A>(x[j]);
-    if (dx != nullptr) dx[j] = static_cast<T>(r * (w != nullptr ? d * static_cast<A>(w[j]) : d) - c * xv);
-    if (dw_acc != nullptr) dw_acc[j] += d * xv * r;
+    const A d = static_cast<A>(row.dy[j]), hv = static_cast<A>(row.h[j]);
+    if (row.dx != nullptr) {
+      A dx = r * (row.w != nullptr ? d * (static_cast<A>(row.w[j]) + offset) : d) - c * hv;
+      if (row.dres != nullptr) dx += static_cast<A>(row.dres[j]);
+      row.dx[j] = static_cast<T>(dx);
+    }
+    if (row.dw_acc != nullptr) row.dw_acc[j] += d * hv * r;
   }
 }
 
 template <typename T, typename W>
-opmath_t<T> forward_row(const T* x, const W* w, T* y, int64_t n, opmath_t<T> eps) {
+opmath_t<T> forward_row(const ForwardRow<T, W>& row, int64_t n, opmath_t<T> eps, opmath_t<T> offset) {
 #ifdef TORCHOPS_HAS_AVX2_PATH
   if constexpr (std::is_same_v<opmath_t<T>, float>) {
-    if (cpu::cpu_has_avx2()) return forward_row_avx2(x, w, y, n, eps);
+    if (cpu::cpu_has_avx2()) return forward_row_avx2(row, n, eps, offset);
   }
 #endif
-  return forward_row_portable(x, w, y, n, eps);
+  return forward_row_portable(row, n, eps, offset);
 }
 
 template <typename T, typename W>
-void backward_row(const T* dy, const T* x, const W* w, opmath_t<T> r, T* dx, opmath_t<T>* dw_acc, int64_t n) {
+void backward_row(const BackwardRow<T, W, opmath_t<T>>& row, opmath_t<T> r, int64_t n, opmath_t<T> offset) {
 #ifdef TORCHOPS_HAS_AVX2_PATH
   if constexpr (std::is_same_v<opmath_t<T>, float>) {
-    if (cpu::cpu_has_avx2()) return backward_row_avx2(dy, x, w, r, dx, dw_acc, n);
+    if (cpu::cpu_has_avx2()) return backward_row_avx2(row, r, n, offset);
   }
 #endif
-  backward_row_portable(dy, x, w, r, dx, dw_acc, n);
+  backward_row_portable(row, r, n, offset);
+}
+
+at::Tensor empty_dense(c10::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor empty_rstd(const at::Tensor& input) {
+  return empty_dense(input.sizes().slice(0, input.dim() - 1), norm_stat_dtype(input.scalar_type()));
 }
 
 // ---------------------------------------------------------------------------------------- forward
 
-// Writes out (dense, input's shape) and, when `rstd` is defined, each row's rstd.
-void forward_cpu_into(const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps,
-                      const at::Tensor& out, const at::Tensor& rstd) {
+// Writes out (dense, input's shape), residual_out (dense; only with a residual) and, when `rstd` is
+// defined, each row's rstd.
+void forward_cpu_into(const at::Tensor& input, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+                      double eps, double weight_offset, const at::Tensor& out, const at::Tensor& residual_out,
+                      const at::Tensor& rstd) {
   const NormRows x = norm_rows(input);
   if (x.rows == 0) return;
+  const NormRows res = residual.defined() ? norm_rows(residual) : NormRows{};
   const at::Tensor w = dense_weight(weight);
   dispatch_norm_types(input.scalar_type(), w, [&](auto t_tag, auto w_tag) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
     using A = opmath_t<T>;
     const T* px = x.tensor.const_data_ptr<T>();
+    const T* pres = residual.defined() ? res.tensor.const_data_ptr<T>() : nullptr;
+    T* ph = residual.defined() ? residual_out.mutable_data_ptr<T>() : nullptr;
     const W* pw = w.defined() ? w.const_data_ptr<W>() : nullptr;
     T* py = out.mutable_data_ptr<T>();
     A* pr = rstd.defined() ? rstd.mutable_data_ptr<A>() : nullptr;
-    const int64_t n = x.cols, stride = x.row_stride;
-    const A eps_a = static_cast<A>(eps);
-    at::parallel_for(0, x.rows, std::max<int64_t>(1, kGrainElems / n), [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        const A r = forward_row(px + row * stride, pw, py + row * n, n, eps_a);
-        if (pr != nullptr) pr[row] = r;
-      }
+    const int64_t n = x.cols;
+    const A eps_a = static_cast<A>(eps), offset = static_cast<A>(weight_offset);
+    norm_cpu::for_each_row(x.rows, n, [&](int64_t row) {
+      const ForwardRow<T, W> r{px + row * x.row_stride, pres != nullptr ? pres + row * res.row_stride : nullptr,
+                               ph != nullptr ? ph + row * n : nullptr, pw, py + row * n};
+      const A rs = forward_row(r, n, eps_a, offset);
+      if (pr != nullptr) pr[row] = rs;
     });
   });
 }
 
-at::Tensor rms_norm_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps) {
-  check_norm_input("rms_norm", {"input", input}, weight);
+at::Tensor rms_norm_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps,
+                        double weight_offset) {
+  check_norm_input("rms_norm", {"input", input}, weight, weight_offset);
   at::Tensor out = empty_like_dense_cpu(input);
-  forward_cpu_into(input, weight, eps, out, at::Tensor());
+  forward_cpu_into(input, at::Tensor(), weight, eps, weight_offset, out, at::Tensor(), at::Tensor());
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                                        double eps) {
-  check_norm_input("_rms_norm_forward", {"input", input}, weight);
+                                                        double eps, double weight_offset) {
+  check_norm_input("_rms_norm_forward", {"input", input}, weight, weight_offset);
   at::Tensor out = empty_like_dense_cpu(input);
-  at::Tensor rstd = at::detail::empty_cpu(input.sizes().slice(0, input.dim() - 1),
-                                          norm_stat_dtype(input.scalar_type()), false, at::MemoryFormat::Contiguous);
-  forward_cpu_into(input, weight, eps, out, rstd);
+  at::Tensor rstd = empty_rstd(input);
+  forward_cpu_into(input, at::Tensor(), weight, eps, weight_offset, out, at::Tensor(), rstd);
   return {out, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& input, const at::Tensor& residual,
+                                                    const std::optional<at::Tensor>& weight, double eps,
+                                                    double weight_offset) {
+  check_norm_input_pair("add_rms_norm", {"input", input}, {"residual", residual}, weight, weight_offset);
+  at::Tensor out = empty_like_dense_cpu(input);
+  at::Tensor residual_out = empty_like_dense_cpu(input);
+  forward_cpu_into(input, residual, weight, eps, weight_offset, out, residual_out, at::Tensor());
+  return {out, residual_out};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward_cpu(const at::Tensor& input,
+                                                                        const at::Tensor& residual,
+                                                                        const std::optional<at::Tensor>& weight,
+                                                                        double eps, double weight_offset) {
+  check_norm_input_pair("_add_rms_norm_forward", {"input", input}, {"residual", residual}, weight, weight_offset);
+  at::Tensor out = empty_like_dense_cpu(input);
+  at::Tensor residual_out = empty_like_dense_cpu(input);
+  at::Tensor rstd = empty_rstd(input);
+  forward_cpu_into(input, residual, weight, eps, weight_offset, out, residual_out, rstd);
+  return {out, residual_out, rstd};
 }
 
 // --------------------------------------------------------------------------------------- backward
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_out, const at::Tensor& input,
-                                                         const std::optional<at::Tensor>& weight,
-                                                         const at::Tensor& rstd, bool input_grad, bool weight_grad) {
-  check_norm_backward("_rms_norm_backward", {"grad_out", grad_out}, {"input", input}, weight, {"rstd", rstd},
-                      weight_grad);
+// grad_input (when input_grad: rms_norm's gradient wrt h, plus dres when defined) and grad_weight (when
+// weight_grad), of h's rows.
+std::tuple<at::Tensor, at::Tensor> backward_cpu(const at::Tensor& grad_out, const at::Tensor& h,
+                                                const at::Tensor& dres, const std::optional<at::Tensor>& weight,
+                                                const at::Tensor& rstd, bool input_grad, bool weight_grad,
+                                                double weight_offset) {
   const at::Tensor w = dense_weight(weight);
   at::Tensor grad_input, grad_weight;  // not structured bindings: the lambdas below capture them (C++17)
-  std::tie(grad_input, grad_weight) = norm_backward_outputs(
-      input, w, input_grad, weight_grad, [](c10::IntArrayRef sizes, at::ScalarType dtype) {
-        return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, at::MemoryFormat::Contiguous);
-      });
+  std::tie(grad_input, grad_weight) = norm_backward_outputs(h, w, input_grad, weight_grad, empty_dense);
   if (!input_grad && !weight_grad) return {grad_input, grad_weight};
 
-  const NormRows x = norm_rows(input);
+  const NormRows x = norm_rows(h);
   const NormRows dy = norm_rows(grad_out);
+  const NormRows dr = dres.defined() ? norm_rows(dres) : NormRows{};
   const at::Tensor r = rstd.contiguous();
-  const int64_t rows = x.rows, n = x.cols;
+  const int64_t n = x.cols;
 
-  dispatch_norm_types(input.scalar_type(), w, [&](auto t_tag, auto w_tag) {
+  dispatch_norm_types(h.scalar_type(), w, [&](auto t_tag, auto w_tag) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
     using A = opmath_t<T>;
-    if (rows == 0) {
-      if (weight_grad) std::fill_n(grad_weight.mutable_data_ptr<W>(), n, W(0));
-      return;
-    }
-    const T* px = x.tensor.const_data_ptr<T>();
-    const T* pdy = dy.tensor.const_data_ptr<T>();
+    const T* px = x.rows > 0 ? x.tensor.const_data_ptr<T>() : nullptr;
+    const T* pdy = x.rows > 0 ? dy.tensor.const_data_ptr<T>() : nullptr;
+    const T* pdr = dres.defined() && x.rows > 0 ? dr.tensor.const_data_ptr<T>() : nullptr;
     const W* pw = w.defined() ? w.const_data_ptr<W>() : nullptr;
     const A* pr = r.const_data_ptr<A>();
     T* pdx = input_grad ? grad_input.mutable_data_ptr<T>() : nullptr;
-
-    // A fixed split of the rows into chunks (not the thread count's), each with its own dweight partial row.
-    const int64_t min_rows = std::max<int64_t>(1, kGrainElems / n);
-    const int64_t want = std::min(kMaxChunks, (rows + min_rows - 1) / min_rows);
-    const int64_t rows_per_chunk = (rows + want - 1) / want;
-    const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    std::vector<A> partial(weight_grad ? chunks * n : 0, A(0));
-
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        A* acc = weight_grad ? partial.data() + chunk * n : nullptr;
-        const int64_t last = std::min(rows, (chunk + 1) * rows_per_chunk);
-        for (int64_t row = chunk * rows_per_chunk; row < last; ++row) {
-          backward_row(pdy + row * dy.row_stride, px + row * x.row_stride, pw, pr[row],
-                       pdx != nullptr ? pdx + row * n : nullptr, acc, n);
-        }
-      }
-    });
-
-    if (weight_grad) {
-      W* pgw = grad_weight.mutable_data_ptr<W>();
-      at::parallel_for(0, n, kGrainElems / 8, [&](int64_t begin, int64_t end) {
-        std::vector<A> sum(partial.begin() + begin, partial.begin() + end);
-        for (int64_t chunk = 1; chunk < chunks; ++chunk) {
-          const A* p = partial.data() + chunk * n;
-          for (int64_t j = begin; j < end; ++j) sum[j - begin] += p[j];
-        }
-        for (int64_t j = begin; j < end; ++j) pgw[j] = static_cast<W>(sum[j - begin]);
-      });
-    }
+    W* pgw = weight_grad ? grad_weight.mutable_data_ptr<W>() : nullptr;
+    const A offset = static_cast<A>(weight_offset);
+    norm_cpu::for_each_row_with_column_sums<A>(
+        x.rows, n, weight_grad,
+        [&](int64_t row, A* acc) {
+          const BackwardRow<T, W, A> b{pdy + row * dy.row_stride, px + row * x.row_stride,
+                                       pdr != nullptr ? pdr + row * dr.row_stride : nullptr, pw,
+                                       pdx != nullptr ? pdx + row * n : nullptr, acc};
+          backward_row(b, pr[row], n, offset);
+        },
+        [&](int64_t j, A v) { pgw[j] = static_cast<W>(v); });
   });
   return {grad_input, grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_out, const at::Tensor& input,
+                                                         const std::optional<at::Tensor>& weight,
+                                                         const at::Tensor& rstd, bool input_grad, bool weight_grad,
+                                                         double weight_offset) {
+  check_norm_backward("_rms_norm_backward", {"grad_out", grad_out}, {"input", input}, weight, {"rstd", rstd},
+                      weight_grad, weight_offset);
+  return backward_cpu(grad_out, input, at::Tensor(), weight, rstd, input_grad, weight_grad, weight_offset);
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_cpu(const at::Tensor& grad_out,
+                                                             const std::optional<at::Tensor>& grad_residual_out,
+                                                             const at::Tensor& residual_out,
+                                                             const std::optional<at::Tensor>& weight,
+                                                             const at::Tensor& rstd, bool weight_grad,
+                                                             double weight_offset) {
+  const char* op = "_add_rms_norm_backward";
+  check_norm_backward(op, {"grad_out", grad_out}, {"residual_out", residual_out}, weight, {"rstd", rstd}, weight_grad,
+                      weight_offset);
+  const at::Tensor dres = grad_residual_out.has_value() ? *grad_residual_out : at::Tensor();
+  if (dres.defined()) {
+    check_norm_input_pair(op, {"residual_out", residual_out}, {"grad_residual_out", dres}, weight, weight_offset);
+  }
+  return backward_cpu(grad_out, residual_out, dres, weight, rstd, true, weight_grad, weight_offset);
 }
 
 }  // namespace
@@ -353,6 +457,9 @@ TORCH_LIBRARY_IMPL(myns, CPU, m) {
   m.impl("rms_norm", &rms_norm_cpu);
   m.impl("_rms_norm_forward", &rms_norm_forward_cpu);
   m.impl("_rms_norm_backward", &rms_norm_backward_cpu);
+  m.impl("add_rms_norm", &add_rms_norm_cpu);
+  m.impl("_add_rms_norm_forward", &add_rms_norm_forward_cpu);
+  m.impl("_add_rms_norm_backward", &add_rms_norm_backward_cpu);
 }
 
 }  // namespace torchops

@@ -1,0 +1,191 @@
+// The CUDA row engine shared by the normalisations over the last dimension (rms_norm, add_rms_norm; a
+// LayerNorm or QK-norm is one more file of row math on top of it). It fixes how rows map to threads:
+//   - "row processors": one warp per row while a row fits 32 lanes x kWarpMaxUnits 16-byte units, else one
+//     block per row. Block rows come in two shapes (ForwardShapes / BackwardShapes): blocks just large
+//     enough to keep the row in registers, a few units per thread (small blocks, so several rows are in
+//     flight per SM and one row's reduction overlaps another's loads), and for longer rows the largest
+//     block, the rest of the row read a second time (then mostly from L2);
+//   - accesses in "chunks" of kC elements (a 16-byte vector when every row start is aligned, else one
+//     element); chunk c of a row covers elements [c * kC, c * kC + kC), and a processor's thread t owns
+//     chunks t, t + threads, ...;
+//   - row sums: per thread in RowSum<T> (f64 for f32/f64 input, so the error of a long row's sum does not
+//     grow with its length; f32 for 16-bit input, whose outputs round far coarser), then warp shuffles
+//     (+ shared memory across the block's warps), a fixed tree: every thread gets the same bits;
+//   - the backward's deterministic column partials: one partial row per block, summed in block order by
+//     norm_column_reduce_kernel.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "cuda_utils.cuh"
+#include "dispatch.h"
+
+namespace torchops {
+namespace norm_cuda {
+
+using namespace torchops::cuda;
+
+constexpr int kWarpsPerBlock = 4;  // warp-per-row kernels: 4 rows at a time per 128-thread block
+constexpr int kWarpMaxUnits = 8;   // 16-byte units per lane at most in warp-per-row mode
+constexpr int kMinRowThreads = 64;
+
+// Block-per-row shapes of a kernel family: kUnits 16-byte units per thread kept in registers on at most
+// kThreads threads (also the launch bound); longer rows keep kLongUnits on kLongThreads, the rest read twice.
+// kMinBlocks: the block kernels' launch-bound residency, which caps their registers (65536 / (threads x
+// blocks)). The forward takes up to 128 registers a thread for 8 units: capped at 64 (two 512-thread
+// blocks per SM), ptxas spilled 600-1400 bytes a thread for 16-bit inputs, so it stays at one.
+struct ForwardShapes {  // one row's worth in registers
+  static constexpr int kUnits = 8, kThreads = 512, kLongUnits = 4, kLongThreads = 1024, kMinBlocks = 1;
+};
+struct BackwardShapes {  // two rows' worth (x and dy): at 1024 threads ptxas spilled the bf16 variant
+  static constexpr int kUnits = 4, kThreads = 512, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
+};
+constexpr int kReduceRows = 16;  // column reduction: partial rows summed in parallel per column
+
+// Per-thread row sums: see above.
+template <typename T>
+using RowSum = std::conditional_t<is_16bit_float<T>, float, double>;
+
+template <typename S>
+__device__ __forceinline__ S warp_sum(S v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullWarpMask, v, offset);
+  return v;  // a butterfly: every lane ends with the same bits
+}
+
+// Where a thread sits: the warp (kBlockPerRow = false) or the block handles a row.
+template <bool kBlockPerRow>
+struct Processor {
+  __device__ static int tid() { return kBlockPerRow ? threadIdx.x : threadIdx.x % kWarpSize; }
+  __device__ static int threads() { return kBlockPerRow ? blockDim.x : kWarpSize; }
+  __device__ static int per_block() { return kBlockPerRow ? 1 : blockDim.x / kWarpSize; }
+  __device__ static int in_block() { return kBlockPerRow ? 0 : threadIdx.x / kWarpSize; }
+};
+
+// Sum over the threads of one row processor. Block mode: every thread of the block must call it (it syncs);
+// `scratch` holds one value per warp.
+template <bool kBlockPerRow, typename S>
+__device__ __forceinline__ S row_sum(S v, S* scratch) {
+  v = warp_sum(v);
+  if constexpr (kBlockPerRow) {
+    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < static_cast<int>(blockDim.x / kWarpSize) ? scratch[lane] : S(0);
+    v = warp_sum(v);
+    __syncthreads();  // scratch is reused by the next row
+  }
+  return v;
+}
+
+// dst[col] = sum over p of partial[p, col], in a fixed order: thread (x, y) sums p = y, y + kReduceRows, ...
+// in order, then row y == 0 adds the kReduceRows sums in order of y.
+template <typename A, typename W>
+__global__ void __launch_bounds__(kWarpSize * kReduceRows)
+    norm_column_reduce_kernel(const A* __restrict__ partial, int64_t parts, int64_t n, W* __restrict__ dst) {
+  __shared__ A sums[kReduceRows][kWarpSize + 1];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
+  A v = 0;
+  if (col < n) {
+    for (int64_t p = threadIdx.y; p < parts; p += kReduceRows) v += partial[p * n + col];
+  }
+  sums[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < n) {
+    A total = sums[0][threadIdx.x];
+#pragma unroll
+    for (int k = 1; k < kReduceRows; ++k) total += sums[k][threadIdx.x];
+    dst[col] = static_cast<W>(total);
+  }
+}
+
+template <typename A, typename W>
+void launch_column_reduce(const A* partial, int64_t parts, int64_t n, W* dst, cudaStream_t stream) {
+  norm_column_reduce_kernel<A, W>
+      <<<blocks_to_cover(n, kWarpSize), dim3(kWarpSize, kReduceRows), 0, stream>>>(partial, parts, n, dst);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
+// Chunks of kC elements a thread keeps in registers per 16-byte unit of its share: one vector, or half a
+// vector's worth of single elements (element-wise, each value takes a whole register; ptxas spilled
+// with a full vector's worth).
+template <typename T, int kC>
+constexpr int chunks_per_unit() {
+  return kC == 1 ? (vector_size<T>() / 2 > 1 ? vector_size<T>() / 2 : 1) : 1;
+}
+
+enum class RowShape { kWarp, kBlock, kLongBlock };
+
+// The geometry of a launch. Row sizes are counted in 16-byte units of T.
+struct RowConfig {
+  RowShape shape;
+  int units;    // warp mode: 16-byte units per lane kept (1, 4 or kWarpMaxUnits)
+  int threads;  // per block
+  int rows_per_block() const { return shape == RowShape::kWarp ? threads / kWarpSize : 1; }
+};
+
+// kC: the chunk width. Element-wise chunks (misaligned rows, rare) take two shapes only, the warp with
+// kWarpMaxUnits and the long block: each shape is one more kernel per dtype pair to compile.
+template <typename T, typename Shapes, int kC>
+RowConfig row_config(int64_t n) {
+  constexpr int kUnit = vector_size<T>();
+  const int64_t n_units = (n + kUnit - 1) / kUnit;
+  if (n_units <= int64_t{kWarpSize} * kWarpMaxUnits) {
+    int units = n_units <= kWarpSize ? 1 : n_units <= 4 * kWarpSize ? 4 : kWarpMaxUnits;
+    if (kC == 1) units = kWarpMaxUnits;
+    return {RowShape::kWarp, units, kWarpSize * kWarpsPerBlock};
+  }
+  auto round_warps = [](int64_t t) { return static_cast<int>((t + kWarpSize - 1) / kWarpSize * kWarpSize); };
+  if (kC > 1 && n_units <= int64_t{Shapes::kThreads} * Shapes::kUnits) {
+    const int64_t threads = (n_units + Shapes::kUnits - 1) / Shapes::kUnits;
+    return {RowShape::kBlock, Shapes::kUnits, std::max(kMinRowThreads, round_warps(threads))};
+  }
+  const int64_t threads = (n_units + Shapes::kLongUnits - 1) / Shapes::kLongUnits;
+  return {RowShape::kLongBlock, Shapes::kLongUnits, round_warps(std::min<int64_t>(Shapes::kLongThreads, threads))};
+}
+
+// Calls fn(std::integral_constant<int, kSlots>, std::bool_constant<kBlockPerRow>,
+// std::integral_constant<int, kMaxThreads>, std::integral_constant<int, kMinBlocks>) for the config: kSlots
+// chunks of kC kept per thread, launch bounds (kMaxThreads, kMinBlocks).
+template <typename T, int kC, typename Shapes, typename Fn>
+void with_row_shape(const RowConfig& cfg, Fn&& fn) {
+  constexpr int kPerUnit = chunks_per_unit<T, kC>();
+  using Warp = std::integral_constant<int, kWarpSize * kWarpsPerBlock>;
+  using One = std::integral_constant<int, 1>;
+  using Long = std::integral_constant<int, Shapes::kLongThreads>;
+  if (cfg.shape == RowShape::kLongBlock) {
+    return fn(std::integral_constant<int, Shapes::kLongUnits * kPerUnit>{}, std::true_type{}, Long{}, One{});
+  }
+  if constexpr (kC == 1) {  // row_config picks the warp with the most units, or the long block
+    return fn(std::integral_constant<int, kWarpMaxUnits * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+  } else {
+    if (cfg.shape == RowShape::kBlock) {
+      return fn(std::integral_constant<int, Shapes::kUnits * kPerUnit>{}, std::true_type{},
+                std::integral_constant<int, Shapes::kThreads>{}, std::integral_constant<int, Shapes::kMinBlocks>{});
+    }
+    switch (cfg.units) {
+      case 1: return fn(std::integral_constant<int, 1 * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+      case 4: return fn(std::integral_constant<int, 4 * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+      default: return fn(std::integral_constant<int, kWarpMaxUnits * kPerUnit>{}, std::false_type{}, Warp{}, One{});
+    }
+  }
+}
+
+// Every row start of a T tensor with this row stride (and base) 16-byte aligned for n-element rows.
+template <typename T>
+bool rows_aligned(const T* base, int64_t row_stride, int64_t n) {
+  constexpr int kUnit = vector_size<T>();
+  return n % kUnit == 0 && row_stride % kUnit == 0 && is_aligned(base);
+}
+
+// The weight aligned for its own kUnit-wide (T's vector width) loads.
+template <typename T, typename W>
+bool weight_aligned(const W* weight) {
+  return weight == nullptr || is_aligned(weight, static_cast<int>(sizeof(W)) * vector_size<T>());
+}
+
+}  // namespace norm_cuda
+}  // namespace torchops

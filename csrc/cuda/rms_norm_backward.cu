@@ -1,0 +1,350 @@
+// rms_norm and add_rms_norm backward on CUDA, on the row engine of common/norm_cuda.cuh. Both are one
+// kernel over the normalised rows h (rms_norm's input, add_rms_norm's residual_out):
+//   dx = rstd * g - h * rstd^3 / N * sum(g * h) (+ grad_residual_out), g = dy * (weight + offset);
+//   dweight = sum over rows of dy * h * rstd.
+// The row processors each take a contiguous chunk of rows: dx in one pass after the row's dot product (in
+// RowSum<T>), dweight accumulated per processor in shared memory; each block writes one f32 partial row,
+// and the engine's column reduction sums the partial rows in block order. No atomics, so dweight is
+// bit-identical from run to run on a device. When N is too large for the shared-memory accumulator,
+// dweight's partial rows come from a column-parallel kernel instead.
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "../common/dispatch.h"
+#include "../common/empty.h"
+#include "../common/norm.h"
+#include "../common/norm_cuda.cuh"
+
+namespace torchops {
+namespace {
+
+using namespace torchops::norm_cuda;
+
+constexpr size_t kDefaultSmem = 48 * 1024;
+
+// sum over a chunk of g * h, g = dy * (w + offset) (dy when !scale_by_w).
+template <typename A, typename T, typename W, int kC>
+__device__ __forceinline__ A chunk_dot(const AlignedVector<T, kC>& hv, const AlignedVector<T, kC>& gv,
+                                       const AlignedVector<W, kC>& wv, bool scale_by_w, A offset) {
+  A s = 0;
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    const A g = static_cast<A>(gv.val[e]);
+    s += (scale_by_w ? g * (static_cast<A>(wv.val[e]) + offset) : g) * static_cast<A>(hv.val[e]);
+  }
+  return s;
+}
+
+// dx of a chunk: rstd * g - c3 * h (+ dres).
+template <typename T, typename W, int kC, typename A>
+__device__ __forceinline__ AlignedVector<T, kC> input_grad(const AlignedVector<T, kC>& hv,
+                                                           const AlignedVector<T, kC>& gv,
+                                                           const AlignedVector<W, kC>& wv, bool scale_by_w, A offset,
+                                                           A r, A c3, const T* dres, int64_t c) {
+  AlignedVector<T, kC> extra;
+  if (dres != nullptr) extra = load_vector<T, kC>(dres, c);
+  AlignedVector<T, kC> out;
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    const A g = static_cast<A>(gv.val[e]);
+    A v = r * (scale_by_w ? g * (static_cast<A>(wv.val[e]) + offset) : g) - c3 * static_cast<A>(hv.val[e]);
+    if (dres != nullptr) v += static_cast<A>(extra.val[e]);
+    out.val[e] = static_cast<T>(v);
+  }
+  return out;
+}
+
+// acc[e * n_chunks + c] += dy * h * rstd for the chunk's elements. The kC shared-memory loads are issued
+// before any store: written as kC read-modify-writes, the compiler (unable to tell the addresses apart)
+// serialized them, a shared-memory round trip per element.
+template <typename A, typename T, int kC>
+__device__ __forceinline__ void accumulate_dw(A* acc, int n_chunks, int c, const AlignedVector<T, kC>& hv,
+                                              const AlignedVector<T, kC>& gv, A r) {
+  A sums[kC];
+#pragma unroll
+  for (int e = 0; e < kC; ++e) sums[e] = acc[e * n_chunks + c];
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    acc[e * n_chunks + c] = sums[e] + static_cast<A>(gv.val[e]) * static_cast<A>(hv.val[e]) * r;
+  }
+}
+
+// The pointers of one backward launch. dx, dres may be null; dw_partial ([blocks, n]) is null when
+// dweight is not wanted from this kernel.
+template <typename T, typename W>
+struct BackwardArgs {
+  const T* dy;
+  int64_t dy_row_stride;
+  const T* h;
+  int64_t h_row_stride;
+  const T* dres;  // added to dx (add_rms_norm's grad_residual_out)
+  int64_t dres_row_stride;
+  const W* weight;
+  const opmath_t<T>* rstd;
+  T* dx;
+  opmath_t<T>* dw_partial;
+};
+
+// Block b takes rows [b * rows_per_block, (b + 1) * rows_per_block); its processors take every
+// per_block()-th of them. dw_partial receives the block's sum of dy * h * rstd over its rows: each processor
+// accumulates into its own shared-memory row (`procs x n` values of A, dynamic), summed in processor order
+// at the end. That row is stored element-major (element e of chunk c at e * n_chunks + c): a thread owns
+// whole chunks, so chunk-major order put a warp's lanes kC values apart, an 8-way bank conflict for bf16.
+template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow, int kMaxThreads, int kMinBlocks>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+    norm_backward_kernel(BackwardArgs<T, W> a, opmath_t<T> offset, int64_t rows, int n, int64_t rows_per_block) {
+  using A = opmath_t<T>;
+  using S = RowSum<T>;
+  using P = Processor<kBlockPerRow>;
+  using Chunk = AlignedVector<T, kC>;
+  using WChunk = AlignedVector<W, kC>;
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  __shared__ S scratch[kWarpSize];
+  A* dw_acc = reinterpret_cast<A*>(dynamic_smem);
+  A* my_acc = dw_acc + P::in_block() * n;
+  const bool want_dw = a.dw_partial != nullptr;                   // uniform over the grid
+  const bool scale_by_w = a.dx != nullptr && a.weight != nullptr;  // the weight enters dx only
+  const int procs = P::per_block();
+  if (want_dw) {
+    for (int i = threadIdx.x; i < procs * n; i += blockDim.x) dw_acc[i] = A(0);  // fits: shared memory
+    __syncthreads();
+  }
+
+  const int tid = P::tid(), threads = P::threads();
+  const int n_chunks = n / kC;  // 32-bit column math: n < 2^31 (checked at launch), fewer registers
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
+  for (int64_t row = begin + P::in_block(); row < end; row += procs) {  // uniform over the processor
+    const T* dyr = a.dy + row * a.dy_row_stride;
+    const T* hr = a.h + row * a.h_row_stride;
+    const A r = a.rstd[row];
+    // Every load of the row's cached part (h, dy and the weight) is issued before any of them is used, and
+    // the flags are tested per row, not per element: the first version loaded each slot's weight after
+    // the previous slot's arithmetic and branched per element, and ran at ~57% of copy for bf16.
+    Chunk hc[kSlots], gc[kSlots];
+    WChunk wc[kSlots];  // loaded and read only when scale_by_w (the ?: in the helpers)
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      const int c = tid + k * threads;
+      if (c < n_chunks) {
+        hc[k] = load_vector<T, kC>(hr, c);
+        gc[k] = load_vector<T, kC>(dyr, c);
+        if (scale_by_w) wc[k] = load_vector<W, kC>(a.weight, c);
+      }
+    }
+    if (a.dx != nullptr) {
+      S s = 0;  // sum over the row of g * h
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {
+        if (tid + k * threads < n_chunks) s += chunk_dot<A>(hc[k], gc[k], wc[k], scale_by_w, offset);
+      }
+      for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
+        const WChunk w = scale_by_w ? load_vector<W, kC>(a.weight, c) : WChunk{};
+        s += chunk_dot<A>(load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), w, scale_by_w, offset);
+      }
+      s = row_sum<kBlockPerRow>(s, scratch);
+      const A c3 = static_cast<A>(static_cast<S>(r) * r * r * s / static_cast<S>(n));
+      T* dxr = a.dx + row * n;
+      const T* dresr = a.dres != nullptr ? a.dres + row * a.dres_row_stride : nullptr;
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {
+        const int c = tid + k * threads;
+        if (c < n_chunks) {
+          store_vector<T, kC>(dxr, c, input_grad(hc[k], gc[k], wc[k], scale_by_w, offset, r, c3, dresr, c));
+        }
+      }
+      for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
+        const WChunk w = scale_by_w ? load_vector<W, kC>(a.weight, c) : WChunk{};
+        store_vector<T, kC>(dxr, c, input_grad(load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), w, scale_by_w,
+                                               offset, r, c3, dresr, c));
+      }
+    }
+    if (want_dw) {  // dweight += dy * h * rstd, element-major (see above): lanes hit consecutive banks
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {
+        const int c = tid + k * threads;
+        if (c < n_chunks) accumulate_dw(my_acc, n_chunks, c, hc[k], gc[k], r);
+      }
+      for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
+        accumulate_dw(my_acc, n_chunks, c, load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), r);
+      }
+    }
+  }
+
+  if (want_dw) {
+    __syncthreads();
+    A* out = a.dw_partial + static_cast<int64_t>(blockIdx.x) * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int at = (i % kC) * n_chunks + i / kC;  // column i in the element-major accumulator
+      A v = dw_acc[at];
+      for (int p = 1; p < procs; ++p) v += dw_acc[p * n + at];
+      out[i] = v;
+    }
+  }
+}
+
+// dweight's partial rows when N is too large for the shared-memory accumulator: thread = one column,
+// blockIdx.y = one chunk of rows_per_part rows, summed in row order.
+template <typename T>
+__global__ void norm_dw_columns_kernel(const T* __restrict__ dy, int64_t dy_row_stride, const T* __restrict__ h,
+                                       int64_t h_row_stride, const opmath_t<T>* __restrict__ rstd,
+                                       opmath_t<T>* __restrict__ dw_partial, int64_t rows, int64_t n,
+                                       int64_t rows_per_part) {
+  using A = opmath_t<T>;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= n) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_part;
+  const int64_t end = begin + rows_per_part < rows ? begin + rows_per_part : rows;
+  A v = 0;
+  for (int64_t row = begin; row < end; ++row) {
+    v += static_cast<A>(dy[row * dy_row_stride + col]) * static_cast<A>(h[row * h_row_stride + col]) * rstd[row];
+  }
+  dw_partial[static_cast<int64_t>(blockIdx.y) * n + col] = v;
+}
+
+template <typename T, typename W, int kC>
+void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offset, const at::Tensor& grad_weight,
+                     const at::Tensor& like, cudaStream_t stream) {
+  using A = opmath_t<T>;
+  const int device = like.device().index();
+  // The kernel's column loops step a 32-bit index by up to BackwardShapes::kLongThreads: it must not wrap.
+  TORCH_CHECK(n <= INT32_MAX - BackwardShapes::kLongThreads,
+              "rms_norm backward: rows of more than 2^31 - 513 elements are not supported on CUDA, got ", n);
+  const RowConfig cfg = row_config<T, BackwardShapes, kC>(n);
+  const int per_block = cfg.rows_per_block();
+  const bool want_dw = grad_weight.defined();
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  with_row_shape<T, kC, BackwardShapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
+    const auto kernel = norm_backward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value,
+                                             decltype(max_threads)::value, decltype(min_blocks)::value>;
+    // dweight in shared memory when it fits (opting in above the default 48 KiB), else the column kernel.
+    const size_t smem_bytes = static_cast<size_t>(per_block) * n * sizeof(A);
+    const size_t smem_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) -
+                              kWarpSize * sizeof(RowSum<T>);
+    const bool dw_in_smem = want_dw && smem_bytes <= smem_limit;
+    const size_t smem = dw_in_smem ? smem_bytes : 0;
+    if (smem > kDefaultSmem) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    // A grid as large as fits on the device at once (each block loops over its own chunk of rows), so
+    // there are as few dweight partial rows as possible. Fixed for a device and shape: deterministic.
+    const int64_t max_blocks = static_cast<int64_t>(sms) * resident_blocks_per_sm(kernel, cfg.threads, smem);
+    const int64_t wanted = (rows + per_block - 1) / per_block;
+    int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, wanted));
+    const int64_t rows_per_block = (rows + blocks - 1) / blocks;
+    blocks = (rows + rows_per_block - 1) / rows_per_block;
+    TORCH_INTERNAL_ASSERT(blocks <= 65535);  // the column kernel's grid.y; blocks <= SMs x resident blocks
+
+    at::Tensor partial;
+    if (want_dw) {
+      partial = at::detail::empty_cuda({blocks, n}, at::CppTypeToScalarType<A>::value, like.device(),
+                                       at::MemoryFormat::Contiguous);
+    }
+    if (a.dx != nullptr || dw_in_smem) {
+      BackwardArgs<T, W> k = a;
+      k.dw_partial = dw_in_smem ? partial.mutable_data_ptr<A>() : nullptr;
+      kernel<<<static_cast<unsigned int>(blocks), cfg.threads, smem, stream>>>(
+          k, static_cast<A>(offset), rows, static_cast<int>(n), rows_per_block);
+      TORCHOPS_CUDA_LAUNCH_CHECK();
+    }
+    if (!want_dw) return;
+    if (!dw_in_smem) {  // dweight's partial rows from a second read of dy and h
+      constexpr int kColThreads = 256;
+      const dim3 grid(blocks_to_cover(n, kColThreads), static_cast<unsigned int>(blocks));
+      norm_dw_columns_kernel<T><<<grid, kColThreads, 0, stream>>>(a.dy, a.dy_row_stride, a.h, a.h_row_stride, a.rstd,
+                                                                  partial.mutable_data_ptr<A>(), rows, n,
+                                                                  rows_per_block);
+      TORCHOPS_CUDA_LAUNCH_CHECK();
+    }
+    launch_column_reduce<A, W>(partial.const_data_ptr<A>(), blocks, n, grad_weight.mutable_data_ptr<W>(), stream);
+  });
+}
+
+// grad_input (when input_grad: rms_norm's gradient wrt h, plus dres when defined) and grad_weight (when
+// weight_grad), of h's rows.
+std::tuple<at::Tensor, at::Tensor> backward_cuda(const at::Tensor& grad_out, const at::Tensor& h,
+                                                 const at::Tensor& dres, const std::optional<at::Tensor>& weight,
+                                                 const at::Tensor& rstd, bool input_grad, bool weight_grad,
+                                                 double weight_offset) {
+  const c10::cuda::CUDAGuard device_guard(h.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor w = dense_weight(weight);
+  at::Tensor grad_input, grad_weight;
+  std::tie(grad_input, grad_weight) =
+      norm_backward_outputs(h, w, input_grad, weight_grad, [&](c10::IntArrayRef sizes, at::ScalarType dtype) {
+        return at::detail::empty_cuda(sizes, dtype, h.device(), at::MemoryFormat::Contiguous);
+      });
+  if (!input_grad && !weight_grad) return {grad_input, grad_weight};
+  const NormRows x = norm_rows(h);
+  if (x.rows == 0) {
+    if (weight_grad) grad_weight.zero_();  // a sum over no rows
+    return {grad_input, grad_weight};
+  }
+  const NormRows dy = norm_rows(grad_out);
+  const NormRows dr = dres.defined() ? norm_rows(dres) : NormRows{};
+  const at::Tensor r = rstd.contiguous();
+  dispatch_norm_types(h.scalar_type(), w, [&](auto t_tag, auto w_tag) {
+    using T = decltype(t_tag);
+    using W = decltype(w_tag);
+    BackwardArgs<T, W> a{dy.tensor.const_data_ptr<T>(),
+                         dy.row_stride,
+                         x.tensor.const_data_ptr<T>(),
+                         x.row_stride,
+                         dres.defined() ? dr.tensor.const_data_ptr<T>() : nullptr,
+                         dr.row_stride,
+                         w.defined() ? w.const_data_ptr<W>() : nullptr,
+                         r.const_data_ptr<opmath_t<T>>(),
+                         input_grad ? grad_input.mutable_data_ptr<T>() : nullptr,
+                         nullptr};
+    const at::Tensor gw = weight_grad ? grad_weight : at::Tensor();
+    const int64_t n = x.cols;
+    const bool vectors = rows_aligned(a.h, a.h_row_stride, n) && rows_aligned(a.dy, a.dy_row_stride, n) &&
+                         weight_aligned<T>(a.weight) && (a.dx == nullptr || rows_aligned<T>(a.dx, n, n)) &&
+                         (a.dres == nullptr || rows_aligned(a.dres, a.dres_row_stride, n));
+    if (vectors) {
+      launch_backward<T, W, vector_size<T>()>(a, x.rows, n, weight_offset, gw, h, stream);
+    } else {
+      launch_backward<T, W, 1>(a, x.rows, n, weight_offset, gw, h, stream);
+    }
+  });
+  return {grad_input, grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          const at::Tensor& rstd, bool input_grad, bool weight_grad,
+                                                          double weight_offset) {
+  check_norm_backward("_rms_norm_backward", {"grad_out", grad_out}, {"input", input}, weight, {"rstd", rstd},
+                      weight_grad, weight_offset);
+  return backward_cuda(grad_out, input, at::Tensor(), weight, rstd, input_grad, weight_grad, weight_offset);
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_cuda(const at::Tensor& grad_out,
+                                                              const std::optional<at::Tensor>& grad_residual_out,
+                                                              const at::Tensor& residual_out,
+                                                              const std::optional<at::Tensor>& weight,
+                                                              const at::Tensor& rstd, bool weight_grad,
+                                                              double weight_offset) {
+  const char* op = "_add_rms_norm_backward";
+  check_norm_backward(op, {"grad_out", grad_out}, {"residual_out", residual_out}, weight, {"rstd", rstd}, weight_grad,
+                      weight_offset);
+  const at::Tensor dres = grad_residual_out.has_value() ? *grad_residual_out : at::Tensor();
+  if (dres.defined()) {
+    check_norm_input_pair(op, {"residual_out", residual_out}, {"grad_residual_out", dres}, weight, weight_offset);
+  }
+  return backward_cuda(grad_out, residual_out, dres, weight, rstd, true, weight_grad, weight_offset);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(myns, CUDA, m) {
+  m.impl("_rms_norm_backward", &rms_norm_backward_cuda);
+  m.impl("_add_rms_norm_backward", &add_rms_norm_backward_cuda);
+}
+
+}  // namespace torchops
