@@ -40,7 +40,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from torchops._polyfills import traced_as
 
-__all__ = ["csr_spmm", "rms_norm", "spmm", "swiglu", "vector_add"]
+__all__ = ["add_rms_norm", "csr_spmm", "rms_norm", "spmm", "swiglu", "vector_add"]
 
 
 def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
@@ -53,6 +53,7 @@ _vector_add, _vector_add_c = _entries(torch.ops.myns.vector_add.default)
 _vector_add_out, _vector_add_out_c = _entries(torch.ops.myns.vector_add_out.default)
 _swiglu, _swiglu_c = _entries(torch.ops.myns.swiglu.default)
 _rms_norm, _rms_norm_c = _entries(torch.ops.myns.rms_norm.default)
+_add_rms_norm, _add_rms_norm_c = _entries(torch.ops.myns.add_rms_norm.default)
 _csr_spmm, _csr_spmm_c = _entries(torch.ops.myns.csr_spmm.default)
 _csr_spmm_with_transpose, _csr_spmm_with_transpose_c = _entries(torch.ops.myns._csr_spmm_with_transpose.default)
 _csr_transpose = torch.ops.myns._csr_transpose.default
@@ -116,10 +117,12 @@ def _swiglu_traced(gate: Tensor, up: Tensor) -> Tensor:
     return _swiglu(gate, up)
 
 
-def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
-    """Root-mean-square normalisation over the last dimension: ``x * rsqrt(mean(x**2, -1) + eps) * weight``.
+def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, weight_offset: float = 0.0) -> Tensor:
+    """Root-mean-square normalisation over the last dimension:
+    ``x * rsqrt(mean(x**2, -1) + eps) * (weight + weight_offset)``.
 
-    Equal to ``torch.nn.functional.rms_norm(input, (input.shape[-1],), weight, eps)``.
+    Equal to ``torch.nn.functional.rms_norm(input, (input.shape[-1],), weight + weight_offset, eps)`` with the
+    offset weight formed in float32.
 
     Args:
         input: float16, bfloat16, float32 or float64 tensor of shape ``(..., N)``, ``N >= 1``, any leading
@@ -128,21 +131,54 @@ def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> 
         weight: optional tensor of shape ``(N,)`` on input's device, of input's dtype, or float32 with a
             float16/bfloat16 input (mixed precision).
         eps: added to the mean of squares before the inverse square root.
+        weight_offset: added to the weight in float32 (float64 for float64 input) before scaling: Gemma stores
+            ``w`` and scales by ``1 + w`` (``weight_offset=1.0``). Needs a weight (non-zero with ``weight=None``
+            raises).
 
     Returns:
-        A new contiguous tensor of input's shape and dtype. Sums run in float32 (float64 for float64
-        input); ``x * rstd`` is formed in that precision, then multiplied by ``weight`` and rounded once,
-        as ``F.rms_norm`` does.
+        A new contiguous tensor of input's shape and dtype. Sums run in float32 (float64 for float64 input)
+        with float64 partials for long float32 rows, so the error does not grow with N; ``x * rstd`` is formed
+        in that precision, then multiplied by ``weight + weight_offset`` and rounded once, as ``F.rms_norm`` does.
 
     Differentiable in ``input`` and ``weight`` (backward mode; dweight is deterministic). Works under
     ``torch.compile``, ``torch.export``, TorchScript (as ``torch.ops.myns.rms_norm``) and AOTInductor.
     """
-    return _rms_norm_c(input, weight, eps)
+    return _rms_norm_c(input, weight, eps, weight_offset)
 
 
 @traced_as(rms_norm)
-def _rms_norm_traced(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
-    return _rms_norm(input, weight, eps)
+def _rms_norm_traced(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *,
+                     weight_offset: float = 0.0) -> Tensor:
+    return _rms_norm(input, weight, eps, weight_offset)
+
+
+def add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *,
+                 weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    """The residual add of a pre-norm transformer block fused into the norm that follows it.
+
+    Returns ``(out, residual_out)`` with ``residual_out = input + residual`` (rounded to input's dtype, as the
+    model would store it) and ``out = rms_norm(residual_out, weight, eps, weight_offset=weight_offset)``
+    computed from the rounded ``residual_out``. One pass reads input and residual once and writes both outputs.
+
+    Args:
+        input, residual: tensors of the same shape ``(..., N)``, dtype (float16, bfloat16, float32, float64)
+            and device; any layout (as rms_norm's input).
+        weight, eps, weight_offset: as for :func:`rms_norm`.
+
+    Returns:
+        Two new contiguous tensors of input's shape and dtype.
+
+    Differentiable in ``input``, ``residual`` and ``weight`` (backward mode; both summands receive the same
+    gradient: rms_norm's input gradient of ``residual_out`` plus ``residual_out``'s own gradient). Works under
+    ``torch.compile``, ``torch.export``, TorchScript (as ``torch.ops.myns.add_rms_norm``) and AOTInductor.
+    """
+    return _add_rms_norm_c(input, residual, weight, eps, weight_offset)
+
+
+@traced_as(add_rms_norm)
+def _add_rms_norm_traced(input: Tensor, residual: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *,
+                         weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    return _add_rms_norm(input, residual, weight, eps, weight_offset)
 
 
 def _check_csr_invariants(op: str, crow: Tensor, col: Tensor, dense: Tensor) -> None:
