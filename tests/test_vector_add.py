@@ -181,3 +181,184 @@ auto_functionalized_v2
 <built-in function getitem>
 myns.vector_add.default""",
         )
+
+
+# ------------------------------------------------------------------------------------ out= overlap rule
+# out may be an input exactly, or share no element with it; anything else is refused, decided exactly for
+# any strides. The reference: the element offsets of each view, as Python sets.
+
+
+def _element_offsets(t: torch.Tensor) -> list[int]:
+    offsets = [t.storage_offset()]
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = [o + j * stride for o in offsets for j in range(size)]
+    return offsets
+
+
+def _same_view(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.storage_offset() == y.storage_offset() and all(
+        sx == sy for n, sx, sy in zip(x.shape, x.stride(), y.stride()) if n > 1)
+
+
+def _expect_out_accepted(out: torch.Tensor, a: torch.Tensor) -> bool:
+    out_offsets, a_offsets = _element_offsets(out), _element_offsets(a)
+    internal = len(set(out_offsets)) < len(out_offsets)
+    shared = bool(set(out_offsets) & set(a_offsets)) and not _same_view(out, a)
+    return not internal and not shared
+
+
+def _check_out_rule(out: torch.Tensor, a: torch.Tensor) -> bool:
+    """Runs vector_add(a, b, out=out), compares accept/refuse with the set reference and, when accepted, the
+    values; returns whether it was accepted."""
+    b = random_tensor(tuple(a.shape), a.dtype, a.device)
+    expected = a.clone() + b
+    accept = _expect_out_accepted(out, a)
+    if accept:
+        torchops.vector_add(a, b, out=out)
+        torch.testing.assert_close(out, expected)
+    else:
+        with pytest.raises(RuntimeError, match=r"myns::vector_add_out: out (has internal overlap|partially overlaps a \(they share)"):
+            torchops.vector_add(a, b, out=out)
+    return accept
+
+
+_NAMED_LAYOUTS = {
+    # name: (storage size, out (shape, stride, offset), a (shape, stride, offset)), all on one storage
+    "interleaved slices": (16, ((8,), (2,), 0), ((8,), (2,), 1)),
+    "interleaved, issue repro": (9, ((4,), (2,), 0), ((4,), (2,), 1)),
+    "same stride, shifted by one step": (16, ((7,), (2,), 0), ((7,), (2,), 2)),
+    "chunk halves": (24, ((3, 4), (8, 1), 0), ((3, 4), (8, 1), 4)),
+    "chunk halves, one transposed": (32, ((4, 4), (1, 8), 0), ((4, 4), (8, 1), 4)),
+    "transposed halves": (32, ((4, 4), (4, 1), 0), ((4, 4), (1, 4), 16)),
+    "transposed onto itself": (16, ((4, 4), (4, 1), 0), ((4, 4), (1, 4), 0)),
+    "overlapping windows": (12, ((3, 4), (4, 1), 0), ((3, 4), (2, 1), 1)),
+    "windows that interleave": (40, ((4, 4), (10, 2), 0), ((4, 4), (10, 2), 1)),
+    "stride-0 input on the out's elements": (8, ((4,), (1,), 0), ((4,), (0,), 2)),
+    "stride-0 input beside the out": (8, ((4,), (2,), 0), ((4,), (0,), 1)),
+    "same view, size-1 dim strides differ": (8, ((4, 1), (1, 1), 0), ((4, 1), (1, 7), 0)),
+    "out a column, a a row of one matrix": (16, ((4,), (4,), 0), ((4,), (1,), 1)),
+    "out a column, a a row that crosses it": (16, ((4,), (4,), 0), ((4,), (1,), 4)),
+    "3-D interleaved": (64, ((2, 2, 4), (32, 8, 2), 0), ((2, 2, 4), (32, 8, 2), 1)),
+    "3-D, a permuted through out's gaps": (64, ((2, 2, 4), (32, 8, 2), 0), ((2, 2, 4), (2, 16, 4), 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(_NAMED_LAYOUTS))
+def test_out_overlap_layouts(name: str) -> None:
+    size, (o_shape, o_stride, o_off), (a_shape, a_stride, a_off) = _NAMED_LAYOUTS[name]
+    storage = torch.randn(size)
+    _check_out_rule(storage.as_strided(o_shape, o_stride, o_off), storage.as_strided(a_shape, a_stride, a_off))
+
+
+def test_out_overlap_named_layouts_cover_both_answers() -> None:
+    answers = set()
+    for size, (o_shape, o_stride, o_off), (a_shape, a_stride, a_off) in _NAMED_LAYOUTS.values():
+        storage = torch.randn(size)
+        answers.add(_expect_out_accepted(storage.as_strided(o_shape, o_stride, o_off), storage.as_strided(a_shape, a_stride, a_off)))
+    assert answers == {True, False}
+
+
+def test_issue_repro_disjoint_slices_are_accepted() -> None:
+    x = torch.arange(16.0)
+    y = torch.randn(8)
+    expected = x[1::2] + y
+    torchops.vector_add(x[1::2], y, out=x[0::2])
+    torch.testing.assert_close(x[0::2], expected)
+    # And what torch.add accepts: the same call through it agrees.
+    x2 = torch.arange(16.0)
+    torch.add(x2[1::2], y, out=x2[0::2])
+    torch.testing.assert_close(x, x2)
+
+
+def test_out_overlap_random_layouts_against_sets() -> None:
+    # Random strided views (strides 0..12, ranks 1-3, random offsets) of one storage as out and a, with
+    # out's own internal overlap included; thousands of cases in well under a second.
+    import random
+
+    rng = random.Random(1234)
+    storage = torch.randn(160)
+    counts = {True: 0, False: 0}
+    for _ in range(3000):
+        shape = [rng.randint(1, 5) for _ in range(rng.randint(1, 3))]
+
+        def view() -> torch.Tensor:
+            while True:
+                strides = [rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12]) for _ in shape]
+                offset = rng.randint(0, 30)
+                if offset + sum((n - 1) * s for n, s in zip(shape, strides)) < storage.numel():
+                    return storage.as_strided(shape, strides, offset)
+
+        counts[_check_out_rule(view(), view())] += 1
+    assert min(counts.values()) > 500, counts
+
+
+def test_out_overlap_of_large_views_is_decided_quickly() -> None:
+    # Views far too large to list element by element: the search decides them in a few steps.
+    import time
+
+    x = torch.empty(2048, 4096, dtype=torch.float16)
+    half = 2048
+    cases = [
+        (x[:, :half], x[:, half:], True),            # chunk halves
+        (x[:, 0::2], x[:, 1::2], True),              # interleaved columns
+        (x[0::2], x[1::2], True),                    # interleaved rows
+        (x[:, :half], x[:, 1:half + 1], False),      # shifted by one column
+        (x[:1024, :1024], x[1024:, :1024].t(), True),  # a transposed block elsewhere
+        (x[:1024, :1024], x[:1024, :1024].t(), False),  # the same block transposed
+    ]
+    for out, a, accept in cases:
+        start = time.perf_counter()
+        if accept:
+            torchops.vector_add(a, a, out=out)
+        else:
+            with pytest.raises(RuntimeError, match="partially overlaps a \\(they share"):
+                torchops.vector_add(a, a, out=out)
+        assert time.perf_counter() - start < 0.5
+
+
+def test_out_with_internal_overlap_beyond_stride_zero() -> None:
+    # Overlapping windows (no stride is 0, so PyTorch can't tell): refused, exactly.
+    storage = torch.randn(20)
+    windows = storage.as_strided((4, 4), (2, 1))  # rows overlap
+    with pytest.raises(RuntimeError, match="myns::vector_add_out: out has internal overlap"):
+        torchops.vector_add(torch.randn(4, 4), torch.randn(4, 4), out=windows)
+    disjoint = storage.as_strided((4, 4), (5, 1))  # gaps between rows: fine
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    torchops.vector_add(a, b, out=disjoint)
+    torch.testing.assert_close(disjoint, a + b)
+
+
+# ------------------------------------------------------------------------------------------- any rank
+# Layouts that take more than 16 dimensions after merging go through dense copies (elementwise.h).
+
+
+def _high_rank(dtype: torch.dtype, device: str, rank: int = 18) -> torch.Tensor:
+    # Sizes 2 with the dims stored in a scrambled order: no two neighbours merge.
+    order = list(range(rank))
+    random_order = order[1::2] + order[0::2]
+    base = random_tensor((2,) * rank, dtype, device)
+    return base.permute(*random_order)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_any_rank(device: str, dtype: torch.dtype) -> None:
+    a, b = _high_rank(dtype, device), _high_rank(dtype, device).contiguous()
+    assert a.dim() == 18 and not a.is_contiguous()
+    assert torch.equal(torchops.vector_add(a, b), torch.add(a, b))
+    out = poison_(torch.empty_like(b).transpose(0, 17))  # yet another layout
+    assert torchops.vector_add(a, b, out=out) is out
+    assert torch.equal(out, torch.add(a, b))
+    a_copy = a.clone()
+    torchops.vector_add(a, b, out=a)  # in place into the scrambled input
+    assert torch.equal(a, torch.add(a_copy, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_any_rank_gradients(device: str) -> None:
+    # 2^17 elements: too many for gradcheck, so the gradients of a weighted sum, exact for an add.
+    a = _high_rank(torch.float32, device, rank=17).requires_grad_()
+    b = _high_rank(torch.float32, device, rank=17).requires_grad_()
+    weight = random_tensor(tuple(a.shape), torch.float32, device)
+    (torchops.vector_add(a, b) * weight).sum().backward()
+    assert torch.equal(a.grad, weight) and torch.equal(b.grad, weight)

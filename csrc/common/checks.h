@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
 #include <initializer_list>
@@ -27,12 +28,14 @@ void check_same_device(const char* op, NamedTensor x, NamedTensor y);
 
 // The usual contract of an elementwise op: every tensor defined, same shape, dtype and device as the first,
 // and the first's dtype among `allowed`.
-void check_elementwise(const char* op, std::initializer_list<NamedTensor> tensors,
+void check_elementwise(const char* op, c10::ArrayRef<NamedTensor> tensors,
                        std::initializer_list<at::ScalarType> allowed);
 
-// An out= tensor may alias an input exactly (same storage, same strides), but must not overlap itself
-// (e.g. an expanded tensor) nor partially overlap an input: either would make the result depend on
-// the order threads run in. Overlap PyTorch can't decide (strided views of one storage) is refused.
+// An out= tensor may alias an input exactly (same elements in the same order), but must not overlap itself
+// (e.g. an expanded tensor) nor share any element with an input otherwise: either would make the result
+// depend on the order threads run in. Both are decided exactly for any strides (a bounded search; views
+// sharing no element, such as x[0::2] and x[1::2], are accepted); a layout too costly to decide is
+// refused, saying so.
 void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<NamedTensor> inputs);
 
 // Raised by collapse_layout (strided.h) for layouts with more than `max_dims` non-mergeable dimensions.

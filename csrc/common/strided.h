@@ -36,6 +36,8 @@ struct StridedLayout {
 
 // Builds the collapsed layout of tensors that all have `tensors[0]`'s shape. Size-1 dimensions are
 // dropped; dimension d merges into d+1 when, for every operand, stride[d] == stride[d+1] * size[d+1].
+// Layouts that need more than kMaxDims dimensions are refused here; the front ends (elementwise.h) check
+// fits_strided_layout first and give the kernels dense copies instead.
 template <int kOperands>
 StridedLayout<kOperands> collapse_layout(const char* op, const std::array<at::Tensor, kOperands>& tensors) {
   StridedLayout<kOperands> layout;
@@ -58,6 +60,24 @@ StridedLayout<kOperands> collapse_layout(const char* op, const std::array<at::Te
     layout.ndim = n + 1;
   }
   return layout;
+}
+
+// Whether collapse_layout can represent `tensors`: at most kMaxDims dimensions after merging (the same
+// rule). Cheap for the usual case: a rank of at most kMaxDims always fits.
+template <int kOperands>
+bool fits_strided_layout(const std::array<at::Tensor, kOperands>& tensors) {
+  if (tensors[0].dim() <= kMaxDims) return true;
+  const auto shape = tensors[0].sizes();
+  int ndim = 0;
+  int64_t last_strides[kOperands] = {};  // of the innermost dimension kept so far
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = ndim > 0;
+    for (int k = 0; k < kOperands && merge; ++k) merge = last_strides[k] == tensors[k].stride(d) * shape[d];
+    for (int k = 0; k < kOperands; ++k) last_strides[k] = tensors[k].stride(d);
+    if (!merge && ++ndim > kMaxDims) return false;
+  }
+  return true;
 }
 
 // Operand k's stride along the innermost dimension (1 for a single element).

@@ -59,9 +59,9 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_cpu(const at::Tensor& grad_ou
                                                        const at::Tensor& up) {
   auto grads = multi_output_elementwise<2>(
       "swiglu_backward", {{"grad_out", grad_out}, {"gate", gate}, {"up", up}}, {TORCHOPS_FLOAT_DTYPES},
-      empty_like_dense_cpu, [&](const std::array<at::Tensor, 2>& outs) {
+      empty_like_dense_cpu, [&](const std::array<at::Tensor, 2>& outs, const std::array<at::Tensor, 3>& ins) {
         TORCHOPS_DISPATCH_FLOAT_TYPES(gate.scalar_type(), "swiglu_backward_cpu", [&] {
-          cpu::elementwise_kernel<scalar_t, SwigluBackwardCpu>("swiglu_backward", outs, {grad_out, gate, up},
+          cpu::elementwise_kernel<scalar_t, SwigluBackwardCpu>("swiglu_backward", outs, ins,
                                                                kGrainSize);
         });
       });

@@ -35,12 +35,12 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward_cuda(const at::Tensor& grad_o
                                                         const at::Tensor& up) {
   auto grads = multi_output_elementwise<2>(
       "swiglu_backward", {{"grad_out", grad_out}, {"gate", gate}, {"up", up}}, {TORCHOPS_FLOAT_DTYPES},
-      empty_like_dense_cuda, [&](const std::array<at::Tensor, 2>& outs) {
+      empty_like_dense_cuda, [&](const std::array<at::Tensor, 2>& outs, const std::array<at::Tensor, 3>& ins) {
         const c10::cuda::CUDAGuard device_guard(gate.device());
         const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
         TORCHOPS_DISPATCH_FLOAT_TYPES(gate.scalar_type(), "swiglu_backward_cuda", [&] {
           using Op = SwigluBackwardT<is_16bit_float<scalar_t>>;
-          cuda::elementwise_kernel<scalar_t, Op>("swiglu_backward", outs, {grad_out, gate, up}, Op{}, stream);
+          cuda::elementwise_kernel<scalar_t, Op>("swiglu_backward", outs, ins, Op{}, stream);
         });
       });
   return {std::move(grads[0]), std::move(grads[1])};
