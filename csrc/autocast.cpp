@@ -41,13 +41,14 @@ struct OpCastPolicy {
 };
 
 // A new op gets a row here (tests/test_autocast.py checks every public op against its expected policy).
-// add_rms_norm takes rms_norm's row once it is defined: a row for an op the library does not define would
-// register a dangling kernel.
+// add_rms_norm: its input + residual follows add (promote: a bf16 block output added to an f32 residual
+// stream), then rms_norm's CUDA policy.
 constexpr OpCastPolicy kCastPolicies[] = {
     {"vector_add", CastPolicy::kPromote, CastPolicy::kPromote},
     {"vector_add_out", CastPolicy::kPromote, CastPolicy::kPromote},
     {"swiglu", CastPolicy::kPromote, CastPolicy::kPromote},
     {"rms_norm", CastPolicy::kAsIs, CastPolicy::kFloat32},
+    {"add_rms_norm", CastPolicy::kPromote, CastPolicy::kFloat32},
     {"csr_spmm", CastPolicy::kLowerPrecision, CastPolicy::kLowerPrecision},
     // torchops.spmm's eager path: the same product as csr_spmm, so the same policy.
     {"_csr_spmm_with_transpose", CastPolicy::kLowerPrecision, CastPolicy::kLowerPrecision},

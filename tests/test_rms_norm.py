@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import torchops
-from helpers import DEVICES, HAS_CUDA, assert_close_to_reference, poison_cuda_cache, random_tensor, requires_cuda
+from helpers import called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, poison_cuda_cache, random_tensor, requires_cuda
 from op_db import OPS_BY_NAME, rms_norm_reference
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -358,15 +358,12 @@ def test_cuda_f32_accuracy_does_not_degrade_over_long_rows() -> None:
     _check_long_row_accuracy("cuda")
 
 
-def _called_ops(graph_module: torch.fx.GraphModule) -> str:
-    return "\n".join(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
-
 
 class ExportedGraph(TestCase):
     def test_exported_graph_holds_the_myns_op(self) -> None:
         ep = torch.export.export(torchops.nn.RMSNorm(8), (torch.randn(4, 8),))
-        self.assertExpectedInline(_called_ops(ep.graph_module), """myns.rms_norm.default""")
-        self.assertExpectedInline(_called_ops(ep.run_decompositions().graph_module), """myns.rms_norm.default""")
+        self.assertExpectedInline(called_ops(ep.graph_module), """myns.rms_norm.default""")
+        self.assertExpectedInline(called_ops(ep.run_decompositions().graph_module), """myns.rms_norm.default""")
 
 
 # ------------------------------------------------------------------------------------------- CUDA

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import torchops
-from helpers import DEVICES, HAS_CUDA, assert_close_to_reference, random_tensor, requires_cuda
+from helpers import called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, random_tensor, requires_cuda
 
 ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
@@ -279,14 +279,13 @@ def test_forward_mode_ad(device: str) -> None:
     torch.testing.assert_close(tangent, ref_tangent)
     _, only_up = torch.func.jvp(lambda u: torchops.swiglu(gate, u), (up,), (tu,))
     torch.testing.assert_close(only_up, F.silu(gate) * tu)
-    import torch.autograd.forward_ad as fwAD
+    # Forward mode through swiglu_backward too (what torch.func.hessian of swiglu needs).
+    grad_out = random_tensor((3, 5), torch.float64, device)
+    ref = lambda g, x, u: torch.func.vjp(lambda a, b: F.silu(a) * b, x, u)[1](g)  # noqa: E731
+    got = torch.func.jvp(torch.ops.myns.swiglu_backward, (grad_out, gate, up), (tg, tu, tg))
+    want = torch.func.jvp(ref, (grad_out, gate, up), (tg, tu, tg))
+    torch.testing.assert_close(got, want)
 
-    with fwAD.dual_level(), pytest.raises(RuntimeError, match="myns::swiglu_backward: forward-mode AD"):
-        torch.ops.myns.swiglu_backward(fwAD.make_dual(tg, tu), gate, up)
-
-
-def _called_ops(graph_module: torch.fx.GraphModule) -> str:
-    return "\n".join(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
 
 
 def _myns_lines(called: str) -> str:
@@ -307,7 +306,7 @@ class ExportedGraph(TestCase):
         ep = torch.export.export(GatedMLP(), (torch.randn(4, 8),))
         # Only the myns lines: how chunk is spelled (aten.chunk / aten.split) differs between releases; no
         # clone/contiguous between the chunk and the op either way.
-        called = _called_ops(ep.graph_module)
+        called = called_ops(ep.graph_module)
         assert "clone" not in called and "contiguous" not in called, called
         self.assertExpectedInline(_myns_lines(called), """myns.swiglu.default""")
 
@@ -324,8 +323,8 @@ class ExportedGraph(TestCase):
         fn = aot_function(lambda g, u: torchops.swiglu(g, u), fw_compiler=keep, bw_compiler=keep)
         fn(torch.randn(3, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)).sum().backward()
         forward, backward = graphs
-        self.assertIn("myns.swiglu.default", _called_ops(forward))
-        self.assertExpectedInline(_myns_lines(_called_ops(backward)), """myns.swiglu_backward.default""")
+        self.assertIn("myns.swiglu.default", called_ops(forward))
+        self.assertExpectedInline(_myns_lines(called_ops(backward)), """myns.swiglu_backward.default""")
 
 
 # ------------------------------------------------------------------------------------------ CUDA only

@@ -9,7 +9,7 @@ import torch._dynamo.testing
 from expecttest import TestCase
 
 import torchops
-from helpers import DEVICES, assert_close_to_reference, make_layout, poison_, random_tensor
+from helpers import called_ops, DEVICES, assert_close_to_reference, make_layout, poison_, random_tensor
 from op_db import OPS_BY_NAME
 from torchops import _native
 
@@ -149,12 +149,8 @@ def test_wrapper_compiles_to_the_ops_without_graph_breaks(device: str) -> None:
     torch.testing.assert_close(got, (x + 2 * y) * 2)
     torch.testing.assert_close(buf, x + 2 * y)
     assert len(graphs.graphs) == 1
-    assert _called_ops(graphs.graphs[0]).splitlines()[:2] == ["myns.vector_add.default", "myns.vector_add_out.default"]
+    assert called_ops(graphs.graphs[0]).splitlines()[:2] == ["myns.vector_add.default", "myns.vector_add_out.default"]
 
-
-def _called_ops(graph_module: torch.fx.GraphModule) -> str:
-    # Node targets rather than generated code: the code's formatting changes between torch releases.
-    return "\n".join(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
 
 
 class ExportedGraph(TestCase):
@@ -167,7 +163,7 @@ class ExportedGraph(TestCase):
         args = (torch.randn(4, 3), torch.randn(4, 3), torch.empty(4, 3))
         ep = torch.export.export(Residual(), args)
         self.assertExpectedInline(
-            _called_ops(ep.graph_module),
+            called_ops(ep.graph_module),
             """\
 myns.vector_add_out.default
 myns.vector_add.default""",
@@ -175,7 +171,7 @@ myns.vector_add.default""",
         # Functionalized (what AOTInductor compiles): the mutation becomes auto_functionalized.
         functional = ep.run_decompositions()
         self.assertExpectedInline(
-            _called_ops(functional.graph_module),
+            called_ops(functional.graph_module),
             """\
 auto_functionalized_v2
 <built-in function getitem>

@@ -1,7 +1,9 @@
 #include "math_bits.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/DispatchKeySet.h>
+
 
 #include <utility>
 #include <vector>
@@ -26,7 +28,13 @@ void resolve_math_bits_then_call(const c10::OperatorHandle& op, c10::DispatchKey
     at::Tensor view = value.toTensor();
     at::Tensor stand_in = resolved(view);  // holds the view's logical values: an out may also be an input
     const auto* alias = arguments[i].alias_info();
-    if (alias != nullptr && alias->isWrite()) written.emplace_back(view, stand_in);
+    const bool is_written = alias != nullptr && alias->isWrite();
+    // The stand-in is dense, so the op's own check would pass and the write-back fail with an error that
+    // names neither op nor argument: refuse here, as the op does for a plain view.
+    TORCH_CHECK(!is_written || at::has_internal_overlap(view) != at::MemOverlap::Yes, op.schema().name(), ": ",
+                arguments[i].name(), " has internal overlap (several elements share memory, e.g. an expanded "
+                "tensor); it cannot be written");
+    if (is_written) written.emplace_back(view, stand_in);
     value = std::move(stand_in);
   }
   // Below both math-bit keys (whichever of them brought us here), so the kernels see plain tensors.
