@@ -47,9 +47,10 @@ def _cuda_available_for_build() -> tuple[bool, str]:
     return True, ""
 
 
-def _sources(pattern: str) -> list[str]:
-    # Globbed per layer so adding an op needs no edit here. Relative paths keep the build portable.
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+def _sources(pattern: str, exclude: str = "") -> list[str]:
+    # Globbed, so adding an op (or a layer directory) needs no edit here. Relative paths keep the build portable.
+    paths = (os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
+    return sorted(p for p in paths if not (exclude and p.startswith(exclude)))
 
 
 def _arch_list() -> str:
@@ -107,13 +108,13 @@ def _extensions() -> list:
     nvcc_flags = [*opt, "--expt-relaxed-constexpr", "-lineinfo"]
     archs = ""
     cuda_version = ""
-    # Everything under csrc/ but the Python module entry goes into the library.
-    sources = [_sources(f"csrc/{layer}*.cpp") for layer in ("", "common/", "cpu/", "autograd/")]
-    sources = [path for layer in sources for path in layer]
+    # Everything under csrc/ but the Python module entry (csrc/python/) goes into the library.
+    python_dir = os.path.join("csrc", "python") + os.sep
+    sources = _sources("csrc/**/*.cpp", exclude=python_dir)
     if with_cuda:
         archs = _arch_list()
         cuda_version = torch.version.cuda or ""
-        sources += _sources("csrc/cuda/*.cu")
+        sources += _sources("csrc/**/*.cu", exclude=python_dir)
         cxx_flags.append("-DTORCHOPS_WITH_CUDA")
         _log(f"CUDA build (CUDA {cuda_version}, archs {archs}, CUDA_HOME={CUDA_HOME})")
     else:
