@@ -137,7 +137,7 @@ def _extensions() -> list:
         extra_link_args=[f"-Wl,-soname,{LIBRARY_FILE}", "-Wl,-rpath,$ORIGIN/../../torch/lib", *debug_link],
     )
     # The library must not need libtorch_python (Python symbols): CppExtension adds it unless the
-    # extension is limited-API, which this one (not a Python module) isn't.
+    # extension is limited-API, which this one (not a Python module) isn't. (_C is, so it never gets it.)
     library.libraries = [name for name in library.libraries if name != "torch_python"]
 
     module_flags = {"cxx": [*opt, "-fdiagnostics-color=always"]}
@@ -155,7 +155,6 @@ def _extensions() -> list:
         extra_link_args=["-Wl,--push-state,--no-as-needed", "-ltorchops", "-Wl,--pop-state",
                          "-Wl,-rpath,$ORIGIN/lib", *debug_link],
     )
-    module.libraries = [name for name in module.libraries if name != "torch_python"]
     return [library, module]
 
 
