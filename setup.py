@@ -87,6 +87,21 @@ def _write_build_info(info: dict[str, object]) -> None:
             f.write(header)
 
 
+def _runtime_dirs(with_cuda: bool) -> list[str]:
+    """The library's rpath: where its own dependencies (libc10_cuda, libcudart, ...) are found when a C++
+    program loads it. The program's RUNPATH does not apply to a library's dependencies, and a program links
+    only some of torch's libraries itself. Each directory twice: relative to an installed torchops
+    (site-packages/torchops/lib -> site-packages/torch/lib), and where the torch it was built against has
+    it (in-place and editable builds)."""
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")]
+    if with_cuda:  # the CUDA runtime of a pip torch lives in site-packages/nvidia/<...>/lib, else the toolkit's
+        cudart = sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcudart.so.*")))
+        dirs.append(os.path.dirname(cudart[0]) if cudart else os.path.join(CUDA_HOME, "lib64"))
+    relative = [os.path.join("$ORIGIN", "..", "..", os.path.relpath(d, site)) for d in dirs if d.startswith(site)]
+    return relative + dirs
+
+
 LIBRARY = "torchops.lib.libtorchops"  # built as torchops/lib/libtorchops.so (see BuildTorchops)
 LIBRARY_FILE = "libtorchops.so"
 MODULE = "torchops._C"
@@ -131,10 +146,9 @@ def _extensions() -> list:
         include_dirs=[GENERATED_DIR],
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags} if with_cuda else {"cxx": cxx_flags},
         # A plain soname, so a C++ program and the Python module that both load it share one copy (the
-        # loader matches sonames) and every op registers once. The torch rpath finds libtorch next to an
-        # installed torchops (site-packages/torchops/lib -> site-packages/torch/lib) for programs that don't
-        # link torch themselves; with an editable install they do (find_package(Torch)).
-        extra_link_args=[f"-Wl,-soname,{LIBRARY_FILE}", "-Wl,-rpath,$ORIGIN/../../torch/lib", *debug_link],
+        # loader matches sonames) and every op registers once.
+        extra_link_args=[f"-Wl,-soname,{LIBRARY_FILE}", *(f"-Wl,-rpath,{d}" for d in _runtime_dirs(with_cuda)),
+                         *debug_link],
     )
     # The library must not need libtorch_python (Python symbols): CppExtension adds it unless the
     # extension is limited-API, which this one (not a Python module) isn't. (_C is, so it never gets it.)
