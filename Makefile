@@ -15,7 +15,7 @@ export CUDA_HOME ?= /usr/local/cuda
 endif
 export MAX_JOBS
 
-.PHONY: all venv build test demo bench clean
+.PHONY: all venv build test demo bench example clean
 
 all: test
 
@@ -26,7 +26,8 @@ $(VENV)/.requirements-installed: requirements-dev.txt
 
 venv: $(VENV)/.requirements-installed
 
-# Rebuilt only when a source, setup.py or the installed requirements changed.
+# Rebuilt only when a source, setup.py or the installed requirements changed. (The Python module _C is linked
+# last, after torchops/lib/libtorchops.so, which holds the ops.)
 EXTENSION := torchops/_C.abi3.so
 $(EXTENSION): $(VENV)/.requirements-installed setup.py pyproject.toml $(shell find csrc -type f)
 	$(PY) -m pip install --no-build-isolation --no-deps -e .
@@ -43,5 +44,13 @@ demo: build
 bench: build
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
+# The C++ example (examples/cpp): built with cmake and ninja from the venv, run on CPU (and CUDA with a GPU),
+# its outputs compared with Python's.
+EXAMPLE_DIR := build/example
+example: build
+	PATH="$(abspath $(VENV))/bin:$$PATH" cmake -S examples/cpp -B $(EXAMPLE_DIR) -G Ninja $$($(PY) -m torchops.cmake_args)
+	PATH="$(abspath $(VENV))/bin:$$PATH" cmake --build $(EXAMPLE_DIR)
+	$(PY) examples/cpp/export_and_check.py --example $(EXAMPLE_DIR)/torchops_example --workdir $(EXAMPLE_DIR)/work
+
 clean:
-	rm -rf build *.egg-info torchops/_C*.so torchops/_build_info.json
+	rm -rf build *.egg-info torchops/_C*.so torchops/lib torchops/_build_info.json

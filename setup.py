@@ -1,4 +1,6 @@
-"""Build torchops._C: a CUDAExtension when nvcc and a CUDA-enabled torch are present, else a CppExtension.
+"""Build torchops: the operator library torchops/lib/libtorchops.so (every TORCH_LIBRARY registration; links
+libtorch only, no Python, so C++ programs can load it) and the thin Python module torchops._C over it.
+The library is a CUDAExtension when nvcc and a CUDA-enabled torch are present, else a CppExtension.
 
 Environment:
   TORCHOPS_FORCE_CUDA=1   fail instead of falling back to a CPU-only build when CUDA is missing
@@ -45,9 +47,10 @@ def _cuda_available_for_build() -> tuple[bool, str]:
     return True, ""
 
 
-def _sources(pattern: str) -> list[str]:
-    # Globbed per layer so adding an op needs no edit here. Relative paths keep the build portable.
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+def _sources(pattern: str, exclude: str = "") -> list[str]:
+    # Globbed, so adding an op (or a layer directory) needs no edit here. Relative paths keep the build portable.
+    paths = (os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
+    return sorted(p for p in paths if not (exclude and p.startswith(exclude)))
 
 
 def _arch_list() -> str:
@@ -84,7 +87,27 @@ def _write_build_info(info: dict[str, object]) -> None:
             f.write(header)
 
 
-def _extension():
+def _runtime_dirs(with_cuda: bool) -> list[str]:
+    """The library's rpath: where its own dependencies (libc10_cuda, libcudart, ...) are found when a C++
+    program loads it. The program's RUNPATH does not apply to a library's dependencies, and a program links
+    only some of torch's libraries itself. Each directory twice: relative to an installed torchops
+    (site-packages/torchops/lib -> site-packages/torch/lib), and where the torch it was built against has
+    it (in-place and editable builds)."""
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")]
+    if with_cuda:  # the CUDA runtime of a pip torch lives in site-packages/nvidia/<...>/lib, else the toolkit's
+        cudart = sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libcudart.so.*")))
+        dirs.append(os.path.dirname(cudart[0]) if cudart else os.path.join(CUDA_HOME, "lib64"))
+    relative = [os.path.join("$ORIGIN", "..", "..", os.path.relpath(d, site)) for d in dirs if d.startswith(site)]
+    return relative + dirs
+
+
+LIBRARY = "torchops.lib.libtorchops"  # built as torchops/lib/libtorchops.so (see BuildTorchops)
+LIBRARY_FILE = "libtorchops.so"
+MODULE = "torchops._C"
+
+
+def _extensions() -> list:
     with_cuda, why_not = _cuda_available_for_build()
     if not with_cuda and FORCE_CUDA:
         raise RuntimeError(f"TORCHOPS_FORCE_CUDA=1 but CUDA cannot be built: {why_not}")
@@ -100,12 +123,13 @@ def _extension():
     nvcc_flags = [*opt, "--expt-relaxed-constexpr", "-lineinfo"]
     archs = ""
     cuda_version = ""
-    sources = [_sources(f"csrc/{layer}*.cpp") for layer in ("", "common/", "cpu/", "autograd/", "python/")]
-    sources = [path for layer in sources for path in layer]
+    # Everything under csrc/ but the Python module entry (csrc/python/) goes into the library.
+    python_dir = os.path.join("csrc", "python") + os.sep
+    sources = _sources("csrc/**/*.cpp", exclude=python_dir)
     if with_cuda:
         archs = _arch_list()
         cuda_version = torch.version.cuda or ""
-        sources += _sources("csrc/cuda/*.cu")
+        sources += _sources("csrc/**/*.cu", exclude=python_dir)
         cxx_flags.append("-DTORCHOPS_WITH_CUDA")
         _log(f"CUDA build (CUDA {cuda_version}, archs {archs}, CUDA_HOME={CUDA_HOME})")
     else:
@@ -114,11 +138,62 @@ def _extension():
     info = {"torch": torch.__version__, "cuda": cuda_version, "archs": archs, "with_cuda": with_cuda}
     _write_build_info(info)
 
+    debug_link = ["-g"] if DEBUG else []
     kind = CUDAExtension if with_cuda else CppExtension
-    kwargs = {"extra_compile_args": {"cxx": cxx_flags, "nvcc": nvcc_flags} if with_cuda else {"cxx": cxx_flags}}
-    if DEBUG:
-        kwargs["extra_link_args"] = ["-g"]
-    return kind("torchops._C", sources, include_dirs=[GENERATED_DIR], py_limited_api=True, **kwargs)
+    library = kind(
+        LIBRARY,
+        sources,
+        include_dirs=[GENERATED_DIR],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags} if with_cuda else {"cxx": cxx_flags},
+        # A plain soname, so a C++ program and the Python module that both load it share one copy (the
+        # loader matches sonames) and every op registers once.
+        extra_link_args=[f"-Wl,-soname,{LIBRARY_FILE}", *(f"-Wl,-rpath,{d}" for d in _runtime_dirs(with_cuda)),
+                         *debug_link],
+    )
+    # The library must not need libtorch_python (Python symbols): CppExtension adds it unless the
+    # extension is limited-API, which this one (not a Python module) isn't. (_C is, so it never gets it.)
+    library.libraries = [name for name in library.libraries if name != "torch_python"]
+
+    module_flags = {"cxx": [*opt, "-fdiagnostics-color=always"]}
+    if with_cuda:
+        module_flags["cxx"].append("-DTORCHOPS_WITH_CUDA")
+    module = CppExtension(
+        MODULE,
+        _sources("csrc/python/*.cpp"),
+        include_dirs=[GENERATED_DIR],
+        py_limited_api=True,
+        extra_compile_args=module_flags,
+        # Linked (not only loaded) against the library, so importing _C brings every op; --no-as-needed
+        # because the module calls nothing in it (the registrations are static initialisers); found through
+        # an rpath relative to the module wherever the package lands (in place, editable, wheel).
+        extra_link_args=["-Wl,--push-state,--no-as-needed", "-ltorchops", "-Wl,--pop-state",
+                         "-Wl,-rpath,$ORIGIN/lib", *debug_link],
+    )
+    return [library, module]
+
+
+class BuildTorchops(BuildExtension):
+    """Names the operator library plainly (libtorchops.so, no Python ABI tag: it is not a Python module) and
+    links the Python module against the copy just built."""
+
+    def get_ext_filename(self, fullname: str) -> str:
+        # Called with the short name (building) and the dotted one (copying in place); keep the directories.
+        parts = fullname.split(".")
+        if parts[-1] == LIBRARY.rsplit(".", 1)[1]:
+            return os.path.join(*parts[:-1], LIBRARY_FILE)
+        return super().get_ext_filename(fullname)
+
+    def build_extension(self, ext) -> None:
+        if ext.name == MODULE:
+            ext.library_dirs = [*ext.library_dirs, os.path.dirname(self.get_ext_fullpath(LIBRARY))]
+        super().build_extension(ext)
+
+    def copy_extensions_to_source(self) -> None:
+        # In place (and editable installs): the library's directory, torchops/lib, holds nothing else.
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            os.makedirs(os.path.dirname(self._get_inplace_equivalent(build_py, ext)[0]), exist_ok=True)
+        super().copy_extensions_to_source()
 
 
 if shutil.which("ninja") is None:
@@ -126,8 +201,10 @@ if shutil.which("ninja") is None:
 
 setup(
     packages=find_packages(include=["torchops", "torchops.*", "meta_kernels", "meta_kernels.*"]),
-    package_data={"torchops": ["_build_info.json", "py.typed"]},
-    ext_modules=[_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
+    # The C++ side ships in the package, laid out as torch lays out its own: include/, lib/, share/cmake/.
+    package_data={"torchops": ["_build_info.json", "py.typed", "include/torchops/*.h",
+                               "share/cmake/torchops/*.cmake"]},
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": BuildTorchops.with_options(use_ninja=shutil.which("ninja") is not None)},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
 )

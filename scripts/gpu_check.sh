@@ -33,14 +33,16 @@ summary=()
 status=0
 note() { summary+=("$1"); echo "== $1"; }
 
-# Python packages the machine lacks (expecttest; pytest-xdist + execnet to run tests in parallel) travel as
-# wheels in .whl/ (git-ignored; make it with `python3 -m pip download --no-deps -d .whl expecttest==0.3.0
-# pytest-xdist==3.8.0 execnet==2.1.1` and pass carry=[".whl"] to the device tool).
+# Python packages the machine lacks (expecttest; pytest-xdist + execnet to run tests in parallel; cmake and
+# ninja for the C++ example) travel as wheels in .whl/ (git-ignored; make it with `python3 -m pip download
+# --no-deps -d .whl expecttest==0.3.0 pytest-xdist==3.8.0 execnet==2.1.1 cmake==3.31.10 ninja==1.13.0` and
+# pass carry=[".whl"] to the device tool).
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/torchops-site .whl/*.whl \
-    && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site"
+    && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site" PATH="/tmp/torchops-site/bin:$PATH"
 fi
 $PY -c "import expecttest" 2>/dev/null || note "setup: expecttest missing (see .whl/ above): tests/test_vector_add.py will fail to import"
+command -v cmake >/dev/null || note "setup: cmake missing (see .whl/ above): the C++ example and tests/test_cpp.py will fail"
 
 # The H200 image sets CC/CXX to /opt/gcc wrappers whose toolchain has only a static libstdc++.a: an
 # extension linked with them carries a second libstdc++, and the process crashed (SIGSEGV in ostream
@@ -60,7 +62,7 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 cat "$OUT/compilers.txt" >>"$OUT/gpu.txt"
 
 # ---- build: in place, against this machine's torch, failing if CUDA can't be built.
-rm -rf build torchops/_C*.so  # a clean build: a kept build dir would skip relinking with another compiler
+rm -rf build torchops/_C*.so torchops/lib  # a clean build: a kept build dir would skip relinking with another compiler
 t0=$(date +%s)
 if MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} TORCHOPS_FORCE_CUDA=1 \
     $PY setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
@@ -71,12 +73,15 @@ else
   printf '%s\n' "${summary[@]}"
   exit 1
 fi
-# Evidence for the libstdc++ question above: libstdc++ internals defined inside _C (there should be none).
-nm -C --defined-only torchops/_C*.so | grep -E "std::(basic_ostream|ostream|codecvt|locale)" >"$OUT/libstdcxx-in-C.txt" || true
-if nm -C --defined-only torchops/_C*.so | grep -q "_M_insert<long>"; then
-  note "build: WARNING: _C embeds libstdc++ stream code (a static libstdc++ was linked): set CXX to the system g++"
+# Evidence for the libstdc++ question above: libstdc++ internals defined inside the library holding the
+# kernels or the Python module (there should be none).
+nm -C --defined-only torchops/lib/libtorchops.so torchops/_C*.so | grep -E "std::(basic_ostream|ostream|codecvt|locale)" >"$OUT/libstdcxx-in-C.txt" || true
+if nm -C --defined-only torchops/lib/libtorchops.so torchops/_C*.so | grep -q "_M_insert<long>"; then
+  note "build: WARNING: libtorchops/_C embed libstdc++ stream code (a static libstdc++ was linked): set CXX to the system g++"
   status=1
 fi
+py_symbols=$(nm -D --undefined-only torchops/lib/libtorchops.so | grep -c ' Py')
+[ "$py_symbols" = 0 ] || { note "build: libtorchops.so needs $py_symbols Python symbols"; status=1; }
 
 # ---- smoke: a CUDA entry point raising a formatted error (the crash seen with the /opt/gcc build)
 if $PY -c "
@@ -87,6 +92,19 @@ except RuntimeError as e:
     print('smoke ok:', e)
 " >"$OUT/smoke.log" 2>&1; then note "smoke: $(tail -1 "$OUT/smoke.log")"
 else note "smoke: FAILED (rc $?): a CUDA-side error message crashes the process, see smoke.log"; status=1; fi
+
+# ---- C++: examples/cpp built with CMake against this torch, run without Python on CPU and CUDA (an AOTInductor
+# package, a TorchScript module and direct header calls), outputs compared with Python's. CC/CXX are the system
+# compilers here (above), for the program and the AOTInductor .so alike.
+t0=$(date +%s)
+if { cmake -S examples/cpp -B build/example $($PY -m torchops.cmake_args) && cmake --build build/example \
+     && $PY examples/cpp/export_and_check.py --example build/example/torchops_example --workdir "$OUT/cpp-example" \
+          --device cpu --device cuda; } >"$OUT/cpp-example.log" 2>&1; then
+  note "cpp example: $(tail -1 "$OUT/cpp-example.log") ($(( $(date +%s) - t0 )) s)"
+else
+  tail -30 "$OUT/cpp-example.log"
+  note "cpp example: FAILED (see cpp-example.log)"; status=1
+fi
 
 # ---- tests: spread over worker processes when pytest-xdist is there (the compile/export/AOTI tests are
 # CPU-bound in Inductor; the machine has 16 cores), else serial.

@@ -17,8 +17,23 @@ import meta_kernels  # noqa: E402,F401  fake kernels for torch.compile / torch.e
 from torchops import nn  # noqa: E402
 from torchops.ops import csr_spmm, rms_norm, spmm, swiglu, vector_add  # noqa: E402
 
-__all__ = ["build_info", "csr_spmm", "nn", "rms_norm", "spmm", "swiglu", "vector_add"]
+__all__ = ["build_info", "cmake_prefix_path", "csr_spmm", "library_path", "nn", "rms_norm", "spmm", "swiglu",
+           "vector_add"]
 __version__ = "0.1.0"
+
+#: Directory to add to CMake's ``CMAKE_PREFIX_PATH`` for ``find_package(torchops)`` (like
+#: ``torch.utils.cmake_prefix_path``); ``python -m torchops.cmake_args`` prints a whole configure line.
+cmake_prefix_path: str = _native.CMAKE_PREFIX_PATH
+
+
+def library_path() -> str:
+    """Path of ``libtorchops.so``: every ``myns`` op's schema and kernels, linking libtorch only (no Python).
+
+    A C++ program links or ``dlopen``s it to use the ops (AOTInductor packages and TorchScript modules that
+    call them included). This process has it loaded already: ``torch.ops.load_library(library_path())``
+    is a no-op here.
+    """
+    return _native.LIBRARY_PATH
 
 
 def build_info() -> dict[str, Any]:

@@ -9,7 +9,11 @@ from typing import Any
 import torch
 
 REBUILD_HINT = "rebuild it with `make build` (or `pip install --no-build-isolation -e .` from the repo root)"
-_BUILD_INFO_PATH = os.path.join(os.path.dirname(__file__), "_build_info.json")
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_BUILD_INFO_PATH = os.path.join(_PACKAGE_DIR, "_build_info.json")
+# The operator library (every kernel and registration, no Python) and the CMake package describing it.
+LIBRARY_PATH = os.path.join(_PACKAGE_DIR, "lib", "libtorchops.so")
+CMAKE_PREFIX_PATH = os.path.join(_PACKAGE_DIR, "share", "cmake")
 
 
 def read_build_info() -> dict[str, Any] | None:
@@ -39,6 +43,8 @@ def load() -> Any:
     built_against = None if info is None else info.get("torch")
     check_torch_version(built_against, torch.__version__)
     try:
+        # _C links libtorchops.so (found through its rpath), so this loads every op, exactly once: a later
+        # torch.ops.load_library(LIBRARY_PATH) or a C++ library linking it gets the same copy.
         from torchops import _C
     except ImportError as e:
         raise ImportError(
