@@ -15,10 +15,19 @@ _C = _native.load()  # registers the myns schemas and the CPU/CUDA/Autograd kern
 import meta_kernels  # noqa: E402,F401  fake kernels for torch.compile / torch.export
 
 from torchops import nn  # noqa: E402
-from torchops.ops import csr_spmm, rms_norm, spmm, swiglu, vector_add  # noqa: E402
+from torchops._after_import import after_import  # noqa: E402
+from torchops.ops import add_rms_norm, csr_spmm, rms_norm, spmm, swiglu, vector_add  # noqa: E402
 
-__all__ = ["build_info", "cmake_prefix_path", "csr_spmm", "library_path", "nn", "rms_norm", "spmm", "swiglu",
-           "vector_add"]
+__all__ = ["add_rms_norm", "build_info", "cmake_prefix_path", "csr_spmm", "library_path", "nn", "rms_norm", "spmm",
+           "swiglu", "vector_add"]
+
+
+def _load_sharding_rules() -> None:
+    import torchops.distributed  # noqa: F401  registers DTensor sharding rules for every myns op
+
+
+# DTensor sharding rules load with torch.distributed.tensor (seconds to import, so not before a program does).
+after_import("torch.distributed.tensor", _load_sharding_rules)
 __version__ = "0.1.0"
 
 #: Directory to add to CMake's ``CMAKE_PREFIX_PATH`` for ``find_package(torchops)`` (like

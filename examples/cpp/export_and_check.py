@@ -29,10 +29,12 @@ class AllOps(torch.nn.Module):
     """Calls every public op once (main.cpp's direct calls make the same calls, in the same order)."""
 
     def forward(self, a: Tensor, b: Tensor, out: Tensor, gate: Tensor, up: Tensor, crow: Tensor, col: Tensor,
-                values: Tensor, dense: Tensor, x: Tensor, weight: Tensor):
+                values: Tensor, dense: Tensor, x: Tensor, weight: Tensor, h: Tensor, residual: Tensor):
         torch.ops.myns.vector_add_out(a, b, out)
+        normed, residual_out = torch.ops.myns.add_rms_norm(h, residual, weight, 1e-6, 1.0)
         return (torch.ops.myns.vector_add(a, b), out.clone(), torch.ops.myns.swiglu(gate, up),
-                torch.ops.myns.csr_spmm(crow, col, values, dense), torch.ops.myns.rms_norm(x, weight))
+                torch.ops.myns.csr_spmm(crow, col, values, dense), torch.ops.myns.rms_norm(x, weight),
+                normed, residual_out)
 
 
 def make_inputs() -> dict[str, list[Tensor]]:
@@ -44,7 +46,8 @@ def make_inputs() -> dict[str, list[Tensor]]:
     args = [randn(3, 17), randn(3, 17), torch.full((3, 17), float("nan")),  # vector_add (+out: poisoned)
             randn(4, 33), randn(4, 33),  # swiglu
             *(t.clone() for t in (sparse.crow_indices(), sparse.col_indices(), sparse.values())), randn(k, n),  # csr_spmm
-            randn(2, 3, 40), randn(40)]  # rms_norm
+            randn(2, 3, 40), randn(40),  # rms_norm
+            randn(2, 3, 40), randn(2, 3, 40)]  # add_rms_norm (rms_norm's weight, Gemma's offset 1)
     return {"args": args, "bad": [randn(4, 8), randn(4, 9)]}
 
 

@@ -78,8 +78,10 @@ int main(int argc, char** argv) {
   const std::vector<at::Tensor> a = copies(args);
   const at::Tensor out = a[2];
   torchops::vector_add_out(a[0], a[1], out);
+  const auto [normed, residual_out] = torchops::add_rms_norm(a[11], a[12], a[10], 1e-6, 1.0);
   results.insert("direct", to_cpu({torchops::vector_add(a[0], a[1]), out, torchops::swiglu(a[3], a[4]),
-                                   torchops::csr_spmm(a[5], a[6], a[7], a[8]), torchops::rms_norm(a[9], a[10])}));
+                                   torchops::csr_spmm(a[5], a[6], a[7], a[8]), torchops::rms_norm(a[9], a[10]),
+                                   normed, residual_out}));
 
   // Bad input surfaces as c10::Error whose message is Python's RuntimeError text.
   std::string error = "no error";

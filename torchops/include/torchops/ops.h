@@ -56,8 +56,15 @@ inline at::Tensor csr_spmm(const at::Tensor& crow_indices, const at::Tensor& col
 
 // input * rsqrt(mean(input^2, -1) + eps) * weight, over the last dimension.
 inline at::Tensor rms_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight = std::nullopt,
-                           double eps = 1e-6) {
-  return TORCHOPS_CALL(rms_norm, input, weight, eps);
+                           double eps = 1e-6, double weight_offset = 0.0) {
+  return TORCHOPS_CALL(rms_norm, input, weight, eps, weight_offset);
+}
+
+// residual_out = input + residual; out = rms_norm(residual_out, weight, eps, weight_offset).
+inline std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& input, const at::Tensor& residual,
+                                                       const std::optional<at::Tensor>& weight = std::nullopt,
+                                                       double eps = 1e-6, double weight_offset = 0.0) {
+  return TORCHOPS_CALL(add_rms_norm, input, residual, weight, eps, weight_offset);
 }
 
 #undef TORCHOPS_CALL
