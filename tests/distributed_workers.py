@@ -184,13 +184,13 @@ def check_norm_ops(mesh: Any, device: str) -> int:
     # The fused residual norm, once it exists in this build.
     if hasattr(torch.ops.myns, "add_rms_norm"):
         x, r, w = rand(3, 5, 8, device=device), rand(3, 5, 8, device=device), rand(8, device=device)
-        add_norm = getattr(torchops, "add_rms_norm", torch.ops.myns.add_rms_norm)
+        add_norm = torchops.add_rms_norm
         for px in [S0, S1, Shard(2), R]:
             want = row_placement(x, px, mesh)
             check_against_reference("add_rms_norm", lambda i, rr, ww: add_norm(i, rr, ww, 1e-5), [x, r, w], [px, px, R], mesh,
                                     out_placements=[want, want])
             n += 1
-        check_against_reference("add_rms_norm", lambda i, rr, ww: add_norm(i, rr, ww, 1e-5, 1.0), [x, r, w], [S1, R, R], mesh,
+        check_against_reference("add_rms_norm", lambda i, rr, ww: add_norm(i, rr, ww, 1e-5, weight_offset=1.0), [x, r, w], [S1, R, R], mesh,
                                 out_placements=[S1, S1])
         n += 1
     if "weight_offset" in [a.name for a in torch.ops.myns.rms_norm.default._schema.arguments]:

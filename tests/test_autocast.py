@@ -133,8 +133,13 @@ def test_rms_norm_like_torch(device: str, input_dtype: torch.dtype) -> None:
     with torch.autocast(device, dtype=torch.bfloat16):
         got = torchops.rms_norm(x, w)
         want = F.rms_norm(x, (8,), w, 1e-6)
-    assert got.dtype == want.dtype == _rms_norm_expected_dtype(device, input_dtype)
-    torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
+    # Our policy is torch 2.14's: float32 under CUDA autocast, as is on the CPU. Older torch (2.11) leaves
+    # F.rms_norm in the input's dtype on CUDA; the values agree either way.
+    policy_dtype = torch.float32 if device == "cuda" else input_dtype
+    assert got.dtype == policy_dtype
+    if torch.__version__ >= "2.14" or device == "cpu":
+        assert want.dtype == got.dtype == _rms_norm_expected_dtype(device, input_dtype)
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=1.6e-2, atol=1e-2)
 
 
 def _csr(device: str, dtype: torch.dtype):

@@ -56,9 +56,11 @@ _COMPILE_EVERY_WRAPPER = """
         "vector_add": (lambda x, y: torchops.vector_add(x, y), (x, y), ["myns.vector_add.default"]),
         "vector_add out=": (lambda x, y, buf: torchops.vector_add(x, y, out=buf), (x, y, buf),
                             ["myns.vector_add_out.default"]),
-        "swiglu": (torchops.swiglu, (x, y), ["myns.swiglu.default"]),
+        "swiglu": (lambda x, y: torchops.swiglu(x, y), (x, y), ["myns.swiglu.default"]),
         "rms_norm": (lambda x, w: torchops.rms_norm(x, w, 1e-5), (x, w), ["myns.rms_norm.default"]),
-        "csr_spmm": (torchops.csr_spmm, (crow, col, values, dense), ["myns.csr_spmm.default"]),
+        "csr_spmm": (lambda *a: torchops.csr_spmm(*a), (crow, col, values, dense), ["myns.csr_spmm.default"]),
+        "add_rms_norm": (lambda x, y, w: torchops.add_rms_norm(x, y, w, weight_offset=1.0), (x, y, w),
+                         ["myns.add_rms_norm.default"]),
     }}
     for name, (fn, args, expected_ops) in cases.items():
         torch._dynamo.reset()

@@ -287,6 +287,16 @@ def _cached_transpose(A: Tensor, crow: Tensor, col: Tensor) -> tuple[Tensor, Ten
     return entry.tensors
 
 
+def _csr_parts(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    try:
+        return A.crow_indices(), A.col_indices(), A.values()
+    except RuntimeError as e:  # torch.func transforms cannot take a sparse tensor apart ("no strides")
+        raise RuntimeError(
+            "torchops.spmm: cannot read the sparse CSR tensor's parts here (inside torch.func transforms, e.g. "
+            "grad, vjp, jvp / forward-mode AD, vmap, PyTorch cannot); take A.crow_indices(), A.col_indices() "
+            f"and A.values() outside the transform and call torchops.csr_spmm ({e})") from e
+
+
 def _check_spmm_args(A: Tensor, dense: Tensor) -> None:
     if A.layout != torch.sparse_csr or A.dim() != 2:
         raise RuntimeError(f"torchops.spmm: A must be a 2-D sparse CSR tensor, got layout {A.layout} with {A.dim()} dims")
@@ -308,7 +318,7 @@ def spmm(A: Tensor, dense: Tensor) -> Tensor:
     index tensors. Traced code never caches.
     """
     _check_spmm_args(A, dense)
-    crow, col, values = A.crow_indices(), A.col_indices(), A.values()
+    crow, col, values = _csr_parts(A)
     if torch.is_grad_enabled() and dense.requires_grad:
         return _csr_spmm_with_transpose_c(crow, col, values, dense, *_cached_transpose(A, crow, col))
     return _csr_spmm_c(crow, col, values, dense)
