@@ -63,6 +63,9 @@ CASES = [
          lambda: (_randn(5, seed=4), _randn(3, 2, seed=5))),
     Case("rms_norm", lambda x, w: torchops.rms_norm(x, w, eps=1e-6),
          lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps=1e-6), lambda: (_randn(3, 4, seed=6), _randn(4, seed=7))),
+    Case("rms_norm_offset", lambda x, w: torchops.rms_norm(x, w, eps=1e-6, weight_offset=1.0),
+         lambda x, w: F.rms_norm(x, (x.shape[-1],), w + 1.0, eps=1e-6),
+         lambda: (_randn(2, 3, 5, seed=8), _randn(5, seed=9))),
 ]
 IDS = [c.name for c in CASES]
 
@@ -207,9 +210,177 @@ def test_gradcheck_forward_over_reverse_swiglu() -> None:
     assert torch.autograd.gradcheck(torch.ops.myns.swiglu_backward, (grad_out, gate, up), check_forward_ad=True)
 
 
+# rms_norm without a weight, and through the backward recorded under create_graph=True (ATen math, so
+# derivatives of any order), against F.rms_norm in float64.
+
+def test_rms_norm_without_weight() -> None:
+    x, tx = _randn(3, 6, seed=90), _randn(3, 6, seed=91)
+    op = lambda a: torchops.rms_norm(a, eps=1e-5)  # noqa: E731
+    ref = lambda a: F.rms_norm(a, (6,), eps=1e-5)  # noqa: E731
+    torch.testing.assert_close(grad(_sum_sq(op))(x), grad(_sum_sq(ref))(x))
+    torch.testing.assert_close(jvp(op, (x,), (tx,)), jvp(ref, (x,), (tx,)))
+    torch.testing.assert_close(hessian(_sum_sq(op))(x), hessian(_sum_sq(ref))(x))
+
+
+@pytest.mark.parametrize("weight_offset", [0.0, 0.5])
+def test_gradcheck_rms_norm_all_modes(weight_offset: float) -> None:
+    x = _randn(3, 5, seed=92).requires_grad_()
+    w = _randn(5, seed=93).requires_grad_()
+    f = lambda a, b: torchops.rms_norm(a, b, eps=1e-6, weight_offset=weight_offset)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, w), check_forward_ad=True, check_backward_ad=True)
+    assert torch.autograd.gradgradcheck(f, (x, w), check_fwd_over_rev=True, check_rev_over_rev=True)
+    g = lambda a, b: torch.ops.myns._rms_norm_forward(a, b, 1e-6, weight_offset)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(g, (x, w), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(g, (x, w))
+
+
+def test_rms_norm_create_graph_matches_the_kernel_backward() -> None:
+    """create_graph=False runs the _rms_norm_backward kernel, create_graph=True the ATen math: same gradients."""
+    x = _randn(4, 7, seed=94).requires_grad_()
+    w = _randn(7, seed=95).requires_grad_()
+    plain = torch.autograd.grad(torchops.rms_norm(x, w, weight_offset=0.25).pow(2).sum(), (x, w))
+    recorded = torch.autograd.grad(torchops.rms_norm(x, w, weight_offset=0.25).pow(2).sum(), (x, w),
+                                   create_graph=True)
+    assert all(g.requires_grad for g in recorded)
+    torch.testing.assert_close(recorded, plain)
+
+
+def test_rms_norm_rstd_is_not_differentiable() -> None:
+    x = _randn(3, 4, seed=96).requires_grad_()
+    out, rstd = torch.ops.myns._rms_norm_forward(x, None, 1e-6)
+    assert out.requires_grad and not rstd.requires_grad and rstd.grad_fn is None
+    with fwAD.dual_level():
+        out, rstd = torch.ops.myns._rms_norm_forward(fwAD.make_dual(x.detach(), torch.ones_like(x)), None, 1e-6)
+        assert fwAD.unpack_dual(out).tangent is not None and fwAD.unpack_dual(rstd).tangent is None
+
+
+def test_rms_norm_backward_op_refuses_its_own_derivatives_by_name() -> None:
+    x, w = _randn(3, 4, seed=97), _randn(4, seed=98)
+    _, rstd = torch.ops.myns._rms_norm_forward(x, w, 1e-6)
+    dy = _randn(3, 4, seed=99).requires_grad_()
+    gx, _ = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, False)
+    assert gx.grad_fn.name() == "RmsNormBackwardBackward"
+    with pytest.raises(RuntimeError, match=r"myns::_rms_norm_backward: double backward .* is not supported"):
+        gx.sum().backward()
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match=r"myns::_rms_norm_backward: forward-mode AD"):
+        torch.ops.myns._rms_norm_backward(fwAD.make_dual(dy.detach(), dy.detach()), x, w, rstd, True, False)
+
+
+# add_rms_norm: residual_out = input + residual, out = rms_norm(residual_out), against torch ops in float64.
+
+def add_rms_norm_reference(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float,
+                           weight_offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    h = x + r
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * (w + weight_offset), h
+
+
+def _add_inputs() -> tuple[torch.Tensor, ...]:
+    return _randn(3, 5, seed=100), _randn(3, 5, seed=101), _randn(5, seed=102)
+
+
+def _add_ops(weight_offset: float) -> tuple[Callable[..., tuple[torch.Tensor, ...]], ...]:
+    op = lambda x, r, w: torchops.ops.add_rms_norm(x, r, w, eps=1e-6, weight_offset=weight_offset)  # noqa: E731
+    ref = lambda x, r, w: add_rms_norm_reference(x, r, w, 1e-6, weight_offset)  # noqa: E731
+    return op, ref
+
+
+def _loss(f: Callable[..., tuple[torch.Tensor, ...]]) -> Callable[..., torch.Tensor]:
+    """Both outputs reach the loss (residual_out's gradient passes through the add)."""
+    scale = _randn(3, 5, seed=103)
+
+    def loss(*args: torch.Tensor) -> torch.Tensor:
+        out, residual_out = f(*args)
+        return out.pow(2).sum() + (residual_out * scale).sum()
+
+    return loss
+
+
+OFFSETS = [0.0, 1.0]
+
+
+@pytest.mark.parametrize("weight_offset", OFFSETS)
+def test_add_rms_norm_grad(weight_offset: float) -> None:
+    op, ref = _add_ops(weight_offset)
+    args = _add_inputs()
+    got = grad(_loss(op), argnums=(0, 1, 2))(*args)
+    torch.testing.assert_close(got, grad(_loss(ref), argnums=(0, 1, 2))(*args))
+    # out alone (no gradient reaching residual_out) and residual_out alone.
+    for pick in (0, 1):
+        f = lambda g: (lambda *a: g(*a)[pick].pow(2).sum())  # noqa: E731
+        torch.testing.assert_close(grad(f(op), argnums=(0, 1, 2))(*args), grad(f(ref), argnums=(0, 1, 2))(*args))
+
+
+@pytest.mark.parametrize("weight_offset", OFFSETS)
+def test_add_rms_norm_vjp(weight_offset: float) -> None:
+    op, ref = _add_ops(weight_offset)
+    args = _add_inputs()
+    outs, vjp_fn = vjp(op, *args)
+    ref_outs, ref_vjp_fn = vjp(ref, *args)
+    torch.testing.assert_close(outs, ref_outs)
+    cotangents = (_randn(3, 5, seed=104), _randn(3, 5, seed=105))
+    torch.testing.assert_close(vjp_fn(cotangents), ref_vjp_fn(cotangents))
+
+
+@pytest.mark.parametrize("weight_offset", OFFSETS)
+def test_add_rms_norm_jacrev(weight_offset: float) -> None:
+    op, ref = _add_ops(weight_offset)
+    args = _add_inputs()
+    torch.testing.assert_close(jacrev(op, argnums=(0, 1, 2))(*args), jacrev(ref, argnums=(0, 1, 2))(*args))
+
+
+@pytest.mark.parametrize("weight_offset", OFFSETS)
+def test_add_rms_norm_jvp_and_jacfwd(weight_offset: float) -> None:
+    op, ref = _add_ops(weight_offset)
+    args = _add_inputs()
+    tangents = tuple(torch.randn_like(a, generator=_gen(110 + i)) for i, a in enumerate(args))
+    torch.testing.assert_close(jvp(op, args, tangents), jvp(ref, args, tangents))
+    # Only the residual's tangent.
+    only_r = lambda f: (lambda r: f(args[0], r, args[2]))  # noqa: E731
+    torch.testing.assert_close(jvp(only_r(op), (args[1],), (tangents[1],)),
+                               jvp(only_r(ref), (args[1],), (tangents[1],)))
+    torch.testing.assert_close(jacfwd(op, argnums=(0, 1, 2))(*args), jacrev(ref, argnums=(0, 1, 2))(*args))
+
+
+def test_add_rms_norm_vmap_of_grad() -> None:
+    op, ref = _add_ops(0.0)
+    batched = tuple(torch.stack([a, 2 * a + 1]) for a in _add_inputs())
+    got = vmap(grad(_loss(op), argnums=(0, 1, 2)))(*batched)
+    torch.testing.assert_close(got, vmap(grad(_loss(ref), argnums=(0, 1, 2)))(*batched))
+
+
+def test_add_rms_norm_second_derivatives_are_refused_by_name() -> None:
+    """Its backward is the _add_rms_norm_backward kernel, which has no derivatives of its own."""
+    op, _ = _add_ops(0.0)
+    with pytest.raises(RuntimeError, match=r"myns::_add_rms_norm_backward: double backward .* is not supported"):
+        jacrev(jacrev(_loss(op)))(*_add_inputs())
+    with pytest.raises(RuntimeError, match=r"myns::_add_rms_norm_backward: forward-mode AD is not supported"):
+        hessian(_loss(op))(*_add_inputs())  # forward mode over the backward
+
+
+def test_add_rms_norm_node() -> None:
+    x, r, w = (a.requires_grad_() for a in _add_inputs())
+    out, residual_out = torchops.ops.add_rms_norm(x, r, w)
+    assert out.grad_fn is residual_out.grad_fn and out.grad_fn.name() == "AddRmsNormBackward"
+    assert {e[0] for e in out.grad_fn.next_functions} == {_accumulator(a) for a in (x, r, w)}
+    with torch.no_grad():
+        assert torchops.ops.add_rms_norm(x, r, w)[0].grad_fn is None
+    rstd = torch.ops.myns._add_rms_norm_forward(x, r, w, 1e-6)[2]
+    assert not rstd.requires_grad
+    # residual_out is saved for backward: changing it in place first is caught.
+    out, residual_out = torchops.ops.add_rms_norm(x, r, w)
+    loss = out.sum()
+    with torch.no_grad():
+        residual_out.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 # The graph nodes keep autograd's usual behaviour.
 
-@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
+NODE_CASES = CASES[:4]  # one case per op
+
+
+@pytest.mark.parametrize("case", NODE_CASES, ids=lambda c: c.name)
 def test_no_node_without_grad_and_named_node_with(case: Case) -> None:
     args = case.inputs()
     assert case.op(*args).grad_fn is None
@@ -225,7 +396,7 @@ def _accumulator(t: torch.Tensor) -> object:
     return t.view_as(t).grad_fn.next_functions[0][0]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES[:3] if c.name != "vector_add"], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in NODE_CASES if c.name != "vector_add"], ids=lambda c: c.name)
 def test_saved_input_modified_in_place_raises(case: Case) -> None:
     args = tuple(a.requires_grad_() for a in case.inputs())
     out = case.op(*args)
@@ -235,7 +406,7 @@ def test_saved_input_modified_in_place_raises(case: Case) -> None:
         out.sum().backward()
 
 
-@pytest.mark.parametrize("case", [c for c in CASES[:3] if c.name != "vector_add"], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in NODE_CASES if c.name != "vector_add"], ids=lambda c: c.name)
 def test_second_backward_without_retain_graph_raises(case: Case) -> None:
     args = tuple(a.requires_grad_() for a in case.inputs())
     out = case.op(*args).sum()
@@ -249,7 +420,7 @@ def test_second_backward_without_retain_graph_raises(case: Case) -> None:
 COMPILED_AUTOGRAD_SUPPORTED = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 14)
 
 
-@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
+@pytest.mark.parametrize("case", NODE_CASES, ids=lambda c: c.name)
 def test_compiled_autograd(case: Case) -> None:
     import torch._dynamo.compiled_autograd as compiled_autograd
 
