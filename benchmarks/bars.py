@@ -63,9 +63,11 @@ class Bar:
         if self.metric == "vs best peer":
             what = f"vs best of {', '.join(self.peers)}"
         scope = "geomean" if self.reduce == "geomean" else "every case"
-        where = ", ".join(self.cases) + (f" at {'/'.join(self.shapes)}" if self.shapes else "")
+        shapes = "/".join(self.shapes) if len(self.shapes) <= 3 else f"{len(self.shapes)} shapes"
+        where = ", ".join(self.cases) + (f" at {shapes}" if self.shapes else "")
         if self.n_range is not None:
-            where += f", {self.n_range[0]} <= N <= {self.n_range[1]}"
+            low = f"{self.n_range[0]} <= " if self.n_range[0] > 1 else ""
+            where += f", {low}N <= {self.n_range[1]}"
         if self.min_input_bytes:
             where += f", inputs >= {self.min_input_bytes // MiB} MiB"
         if self.min_nbytes:

@@ -541,12 +541,15 @@ def check_bars(results: Sequence[Result], op: str, device: str, bars: Sequence[A
                     wanted = [s for s in bar.shapes if bar.selects(s, itemsize)]
                 else:
                     wanted = sorted(found.keys() | lacking.keys()) or ["any size"]  # a peer absent anywhere counts
-                missing += [f"{case} {s}" + (f" ({lacking[s]} not run)" if lacking.get(s) else "")
-                            for s in wanted if s not in found]
+                absent = [s for s in wanted if s not in found]
+                for why in dict.fromkeys(lacking.get(s, "") for s in absent):  # one phrase per reason
+                    where = [s for s in absent if lacking.get(s, "") == why]
+                    what = f"{case} " + ("every shape" if len(where) == len(wanted) > 1 else ", ".join(where))
+                    missing.append(f"{what} ({why} not run)" if why else what)
                 values += [found[s] for s in wanted if s in found]
             unit = "%" if bar.metric == "pct_copy" else "x"
             if missing:
-                verdicts.append(Verdict(bar.label, dtype, "NO DATA", "not measured: " + ", ".join(missing)))
+                verdicts.append(Verdict(bar.label, dtype, "NO DATA", "not measured: " + "; ".join(missing)))
                 continue
             if not values:  # the filters select nothing for this dtype: the bar does not apply to it
                 continue
