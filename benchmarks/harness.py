@@ -496,17 +496,24 @@ class Verdict:
     detail: str
 
 
-def _bar_value(bar: Any, row: Result, index: dict[tuple, Result]) -> float | None:
+def _bar_value(bar: Any, row: Result, index: dict[tuple, Result]) -> tuple[float | None, str]:
+    """The bar's metric on one of torchops' rows, and what it was measured against ("" for pct_copy); None and
+    the names of the absent peers when a peer did not run."""
     if bar.metric == "pct_copy":
-        return row.pct_copy
-    other = index.get((row.op, row.case, row.dtype, row.shape, bar.metric.removeprefix("vs ")))
-    return None if other is None or not row.ms else other.ms / row.ms
+        return row.pct_copy, ""
+    peers = bar.peers if bar.metric == "vs best peer" else (bar.metric.removeprefix("vs "),)
+    others = {p: index.get((row.op, row.case, row.dtype, row.shape, p)) for p in peers}
+    absent = [p for p, r in others.items() if r is None]
+    if absent or not row.ms:
+        return None, ", ".join(absent)
+    best = min(others, key=lambda p: others[p].ms)  # the fastest peer sets the ratio
+    return others[best].ms / row.ms, best
 
 
 def check_bars(results: Sequence[Result], op: str, device: str, bars: Sequence[Any] | None = None) -> list[Verdict]:
     """Judge ``op``'s bars for ``device`` (``benchmarks/bars.py``, unless ``bars`` is given) on these results.
 
-    Every (case, dtype, shape) a bar names must have been measured; what is absent is reported as NO DATA
+    Every (case, dtype, shape, peer) a bar names must have been measured; what is absent is reported as NO DATA
     rather than passing quietly.
     """
     if bars is None:
@@ -515,29 +522,53 @@ def check_bars(results: Sequence[Result], op: str, device: str, bars: Sequence[A
     verdicts: list[Verdict] = []
     for bar in bars:
         for dtype in bar.dtypes:
-            values: list[tuple[float, Result]] = []
+            itemsize = DTYPES[dtype].itemsize if dtype in DTYPES else 0
+            values: list[tuple[float, Result, str]] = []
             missing: list[str] = []
             for case in bar.cases:
                 rows = [r for r in results if r.op == bar.op and r.case == case and r.dtype == dtype
-                        and r.impl == bar.impl and (r.nbytes or 0) >= bar.min_nbytes]
-                found = [(v, r) for r in rows if (v := _bar_value(bar, r, index)) is not None]
-                shapes_found = {r.shape for _, r in found}
-                wanted = bar.shapes or (sorted(shapes_found) or ["any size"])
-                missing += [f"{case} {shape}" for shape in wanted if shape not in shapes_found]
-                values += [(v, r) for v, r in found if not bar.shapes or r.shape in bar.shapes]
+                        and r.impl == bar.impl and (r.nbytes or 0) >= bar.min_nbytes
+                        and bar.selects(r.shape, itemsize)]
+                found: dict[str, tuple[float, Result, str]] = {}
+                lacking: dict[str, str] = {}
+                for r in rows:
+                    v, against = _bar_value(bar, r, index)
+                    if v is None:
+                        lacking[r.shape] = against
+                    else:
+                        found[r.shape] = (v, r, against)
+                if bar.shapes:
+                    wanted = [s for s in bar.shapes if bar.selects(s, itemsize)]
+                else:
+                    wanted = sorted(found.keys() | lacking.keys()) or ["any size"]  # a peer absent anywhere counts
+                absent = [s for s in wanted if s not in found]
+                for why in dict.fromkeys(lacking.get(s, "") for s in absent):  # one phrase per reason
+                    where = [s for s in absent if lacking.get(s, "") == why]
+                    what = f"{case} " + ("every shape" if len(where) == len(wanted) > 1 else ", ".join(where))
+                    missing.append(f"{what} ({why} not run)" if why else what)
+                values += [found[s] for s in wanted if s in found]
             unit = "%" if bar.metric == "pct_copy" else "x"
             if missing:
-                verdicts.append(Verdict(bar.label, dtype, "NO DATA", "not measured: " + ", ".join(missing)))
+                verdicts.append(Verdict(bar.label, dtype, "NO DATA", "not measured: " + "; ".join(missing)))
                 continue
-            worst_v, worst = min(values, key=lambda vr: vr[0])
-            at = f"{worst.case} {worst.shape}"
+            if not values:  # the filters select nothing for this dtype: the bar does not apply to it
+                continue
+            worst_v, worst, against = min(values, key=lambda vr: vr[0])
+            at = f"{worst.case} {worst.shape}" + (f" vs {against}" if bar.metric == "vs best peer" else "")
             if bar.reduce == "geomean":
-                got = geomean(v for v, _ in values)
+                got = geomean(v for v, _, _ in values)
                 detail = f"geomean {got:.3f}{unit} over {len(values)} (worst {worst_v:.3f}{unit} at {at})"
+                met = got >= bar.at_least
             else:
-                got = worst_v
-                detail = f"worst {got:.3f}{unit} at {at}" + (f" ({len(values)} cases)" if len(values) > 1 else "")
-            verdicts.append(Verdict(bar.label, dtype, "ok" if got >= bar.at_least else "MISSED", detail))
+                detail = f"worst {worst_v:.3f}{unit} at {at}" + (f" ({len(values)} cases)" if len(values) > 1 else "")
+                short = [(v, r) for v, r, _ in values if v < bar.at_least]
+                met = not short
+                if bar.tolerate is not None and short:
+                    floor, count = bar.tolerate
+                    met = len(short) <= count and all(v >= floor for v, _ in short)
+                    detail += (f"; {len(short)} below {bar.at_least:g}{unit} (allowed: {count} at >= {floor:g}{unit}): "
+                               + ", ".join(f"{r.case} {r.shape} {v:.3f}{unit}" for v, r in short))
+            verdicts.append(Verdict(bar.label, dtype, "ok" if met else "MISSED", detail))
     return verdicts
 
 
@@ -582,6 +613,7 @@ class Bench:
     summarize        (results, args, ctx) -> one line for the log, after the table
     meta             (args) -> extra fields for the JSON
     copy_reference   False: the op reports no bandwidth, so no copy is measured
+    more_ops         other ops whose rows the bench also measures; their bars are checked too
     """
 
     op: str
@@ -594,6 +626,12 @@ class Bench:
     summarize: Callable[[Sequence[Result], argparse.Namespace, Context], str] | None = None
     meta: Callable[[argparse.Namespace], dict[str, Any]] | None = None
     copy_reference: bool = True
+    more_ops: Sequence[str] = ()
+
+
+def check_all_bars(results: Sequence[Result], ops: Sequence[str], device: str) -> list[Verdict]:
+    """``check_bars`` for each op a bench measures, in order."""
+    return [v for op in ops for v in check_bars(results, op, device)]
 
 
 def copy_result(device: str, nbytes: int, *, quick: bool = False) -> tuple[Result, float]:
@@ -626,7 +664,7 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
 
     ctx = Context(device=args.device, quick=args.quick)
     results: list[Result] = []
-    meta: dict[str, Any] = {"op": bench.op, "quick": args.quick}
+    meta: dict[str, Any] = {"op": bench.op, "ops": [bench.op, *bench.more_ops], "quick": args.quick}
     if bench.copy_reference:
         # Far past the caches, and at least as large as the largest operand.
         floor = GPU_COPY_MIN_BYTES if args.device == "cuda" else CPU_COPY_MIN_BYTES
@@ -647,7 +685,7 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
     elif args.no_bars:
         verdicts, note = [], "NOT CHECKED: --no-bars"
     else:
-        verdicts, note = check_bars(results, bench.op, args.device), ""
+        verdicts, note = check_all_bars(results, meta["ops"], args.device), ""
     if bench.meta is not None:
         meta.update(bench.meta(args))
     summary = bench.summarize(results, args, ctx) if bench.summarize is not None else ""
@@ -683,7 +721,7 @@ def _rerender(paths: Sequence[str]) -> int:
         if doc.get("summary"):
             print(f"\n{doc['summary']}")
         quick = doc.get("meta", {}).get("quick", doc["name"].endswith("_quick"))
-        verdicts = [] if quick else check_bars(results, op, env["device"])
+        verdicts = [] if quick else check_all_bars(results, doc.get("meta", {}).get("ops") or [op], env["device"])
         print("\n" + format_bars(verdicts, "NOT CHECKED: a --quick run" if quick else ""))
         title = f"{doc['name']} on {env['device_name']}"
         if _plot(results, path.with_suffix(".png"), ratios_only=doc["ratios_only"], title=title,

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import harness as H  # noqa: E402
-from benchmarks.bars import BARS, Bar  # noqa: E402
+from benchmarks.bars import BARS, NORM_SHAPES, Bar, bars_for  # noqa: E402
 
 
 class FakeClock:
@@ -94,6 +94,71 @@ def test_bar_geomean_and_size_floor():
     assert verdict.status == "NO DATA"  # only an input below the floor ran
 
 
+def test_best_peer_is_the_fastest_peer_and_every_peer_must_have_run():
+    bar = Bar("toy", "cuda", "vs best peer", 1.0, ("fwd",), ("f32",), "test", shapes=("8x8",),
+              peers=("eager", "compiled", "liger"))
+    rows = _rows("toy", "fwd", "f32", "8x8", {"eager": 3.0, "compiled": 1.1, "liger": 2.0, "torchops": 1.0})
+    (verdict,) = H.check_bars(rows, "toy", "cuda", [bar])
+    assert verdict.status == "ok" and "1.100x" in verdict.detail and "vs compiled" in verdict.detail
+    rows = _rows("toy", "fwd", "f32", "8x8", {"eager": 3.0, "compiled": 1.1, "liger": 0.9, "torchops": 1.0})
+    (verdict,) = H.check_bars(rows, "toy", "cuda", [bar])
+    assert verdict.status == "MISSED" and "vs liger" in verdict.detail  # beating two peers of three is not enough
+    # A peer that did not run (Liger not installed) leaves the bar unjudged, and the verdict names it.
+    rows = _rows("toy", "fwd", "f32", "8x8", {"eager": 3.0, "compiled": 1.1, "torchops": 1.0})
+    (verdict,) = H.check_bars(rows, "toy", "cuda", [bar])
+    assert verdict.status == "NO DATA" and "liger not run" in verdict.detail
+
+
+def test_tolerance_lets_a_few_rows_fall_just_short():
+    bar = Bar("toy", "cuda", "vs eager", 1.0, ("fwd",), ("f32",), "test", tolerate=(0.98, 2))
+    def run(ratios):
+        rows = [r for i, v in enumerate(ratios) for r in _rows("toy", "fwd", "f32", f"{i + 1}x8",
+                                                               {"eager": v, "torchops": 1.0})]
+        (verdict,) = H.check_bars(rows, "toy", "cuda", [bar])
+        return verdict
+    assert run([1.1, 0.99, 0.985, 1.0]).status == "ok"  # two shapes within the tolerance
+    assert run([1.1, 0.99, 0.985, 0.99]).status == "MISSED"  # three
+    missed = run([1.1, 0.97, 1.0])  # one, but below the tolerance's floor
+    assert missed.status == "MISSED" and "2x8 0.970x" in missed.detail
+
+
+def test_shape_filters_select_by_row_length_and_input_size():
+    bar = Bar("toy", "cuda", "pct_copy", 85.0, ("fwd",), ("bf16", "f32"), "test",
+              shapes=("64x1024", "32x4096", "8x65536"), n_range=(1024, 16384), min_input_bytes=256 * 1024)
+    # 64x1024 is 128 KiB in bf16 (below the floor), 256 KiB in f32; 8x65536 is past the N range in both.
+    assert [s for s in bar.shapes if bar.selects(s, 2)] == ["32x4096"]
+    assert [s for s in bar.shapes if bar.selects(s, 4)] == ["64x1024", "32x4096"]
+    rows = []
+    for dt in ("bf16", "f32"):
+        rows += _rows("toy", "fwd", dt, "64x1024", {"torchops": 1.0}, pct_copy=50.0)  # only counts in f32
+        rows += _rows("toy", "fwd", dt, "32x4096", {"torchops": 1.0}, pct_copy=90.0)
+        rows += _rows("toy", "fwd", dt, "8x65536", {"torchops": 1.0}, pct_copy=10.0)  # never counts
+    bf16, f32 = H.check_bars(rows, "toy", "cuda", [bar])
+    assert bf16.status == "ok" and f32.status == "MISSED" and "64x1024" in f32.detail
+    # A selected shape that did not run is missing data; an unselected one is not.
+    (bf16, f32) = H.check_bars([r for r in rows if r.shape != "64x1024"], "toy", "cuda", [bar])
+    assert bf16.status == "ok" and f32.status == "NO DATA" and "fwd 64x1024" in f32.detail
+
+
+def test_rms_norm_bars_select_what_the_issue_says():
+    """The bars are transcribed from prose ("N <= 32768", "1024 <= N <= 16384 at inputs of 256 MB or more"): the
+    shapes they end up judging are spelled out here."""
+    def selected(bar, itemsize):
+        return [s for s in bar.shapes if bar.selects(s, itemsize)]
+    by_metric = {(b.op, b.metric, b.cases): b for b in bars_for("rms_norm", "cuda") + bars_for("add_rms_norm", "cuda")}
+    fwd_copy = by_metric[("rms_norm", "pct_copy", ("fwd",))]
+    assert selected(fwd_copy, 2) == selected(fwd_copy, 4) == [s for s in NORM_SHAPES if s != "2048x65536"]
+    train_copy = by_metric[("rms_norm", "pct_copy", ("fwd+bwd",))]
+    assert selected(train_copy, 2) == ["32768x4096", "16384x8192", "8192x16384"]
+    assert selected(train_copy, 4) == ["65536x1024", "32768x4096", "16384x8192", "8192x16384"]
+    fwd_peer = by_metric[("rms_norm", "vs best peer", ("fwd",))]
+    assert fwd_peer.tolerate == (0.98, 2) and set(fwd_peer.peers) == {"eager", "torch.compile", "liger"}
+    assert by_metric[("rms_norm", "vs best peer", ("fwd+bwd",))].tolerate is None
+    for metric in ("vs torch.compile", "vs liger"):
+        assert by_metric[("add_rms_norm", metric, ("fwd", "fwd+bwd"))].at_least == 1.0
+    assert len(NORM_SHAPES) == 7
+
+
 def test_main_exits_non_zero_on_a_missed_bar_and_on_a_wrong_result(tmp_path, monkeypatch):
     monkeypatch.setattr(H, "copy_bandwidth", lambda device, nbytes, quick=False: 1e10)
     bars = [Bar("toy", "cpu", "vs eager", 1.0, ("fwd",), ("f32",), "test")]
@@ -122,5 +187,35 @@ def test_every_bar_names_a_known_metric_and_reduction():
     for bar in BARS:
         assert bar.device in ("cuda", "cpu"), bar
         assert bar.metric == "pct_copy" or bar.metric.startswith("vs "), bar
+        assert bool(bar.peers) == (bar.metric == "vs best peer"), bar
         assert bar.reduce in ("min", "geomean"), bar
+        assert bar.tolerate is None or (bar.reduce == "min" and 0 < bar.tolerate[0] < bar.at_least), bar
         assert bar.cases and bar.dtypes and bar.at_least > 0 and bar.why, bar
+        assert all(d in H.DTYPES for d in bar.dtypes), bar
+        for dtype in bar.dtypes:  # a filter that selects none of the bar's shapes would judge nothing
+            assert not bar.shapes or any(bar.selects(s, H.DTYPES[dtype].itemsize) for s in bar.shapes), bar
+
+
+def test_a_bench_of_two_ops_is_judged_on_both(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(H, "copy_bandwidth", lambda device, nbytes, quick=False: 1e10)
+    monkeypatch.setattr("benchmarks.bars.BARS", [Bar("toy", "cpu", "vs eager", 1.0, ("fwd",), ("f32",), "test"),
+                                                 Bar("toy_add", "cpu", "vs eager", 1.0, ("fwd",), ("f32",), "test")])
+
+    def bench(add_ms: float | None):
+        def run(args, ctx):
+            for op, ours in (("toy", 0.5), ("toy_add", add_ms)):
+                if ours is not None:
+                    yield from (H.Result(op=op, case="fwd", dtype="f32", shape="4x4", numel=16, impl=impl,
+                                         device="cpu", ms=t) for impl, t in (("eager", 1.0), ("torchops", ours)))
+        return H.Bench(op="toy", description="toy", run=run, more_ops=("toy_add",))
+
+    argv = ["--device", "cpu", "--out-dir", str(tmp_path), "--threads", str(torch.get_num_threads())]
+    assert H.main(bench(0.5), argv) == 0
+    assert H.main(bench(2.0), argv) == 1  # the second op's bar is missed
+    assert "MISSED: toy_add" in capsys.readouterr().out
+    assert H.main(bench(None), argv) == 1  # the second op did not run at all
+    assert "NO DATA: toy_add" in capsys.readouterr().out
+    # The JSON re-check judges both ops again.
+    assert H._rerender([str(tmp_path / "toy_cpu.json")]) == 1
+    H.main(bench(0.5), argv)
+    assert H._rerender([str(tmp_path / "toy_cpu.json")]) == 0
