@@ -1,7 +1,7 @@
 """rms_norm and add_rms_norm specifics the generic tables don't express: agreement with F.rms_norm (outputs
 and grads, weight_offset as an offset weight, add_rms_norm as an add then F.rms_norm), torchops.nn.RMSNorm
 as a drop-in for torch.nn.RMSNorm (scripted too, with a residual), f32 accuracy over long rows,
-deterministic dweight, the autograd contract (double backward and forward AD refused by name), the
+deterministic dweight, the autograd contract (higher derivatives and forward AD; the backward op refuses its own by name), the
 exported graph, and CUDA paths (row per warp / per block, vector and element-wise access, long rows,
 misaligned rows, streams, graphs)."""
 
@@ -122,20 +122,30 @@ def test_dweight_is_deterministic(device: str, dtype: torch.dtype, shape) -> Non
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_double_backward_and_forward_ad_are_refused(device: str) -> None:
+def test_higher_derivatives_and_forward_ad(device: str) -> None:
     x = random_tensor((4, 8), torch.float64, device).requires_grad_()
     w = random_tensor((8,), torch.float64, device).requires_grad_()
-    # create_graph=True records the backward op (its result matches create_graph=False); differentiating it
-    # is what's refused.
+    # create_graph=False runs the _rms_norm_backward kernel; create_graph=True records the same gradient in ATen
+    # ops, which differentiate again (any order).
     (gx,) = torch.autograd.grad(torchops.rms_norm(x, w).pow(2).sum(), x, create_graph=True)
     assert gx.requires_grad
     torch.testing.assert_close(gx, torch.autograd.grad(torchops.rms_norm(x, w).pow(2).sum(), x)[0])
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    (gr,) = torch.autograd.grad(F.rms_norm(xr, (8,), wr, eps=1e-6).pow(2).sum(), xr, create_graph=True)
+    torch.testing.assert_close(torch.autograd.grad(gx.sum(), (x, w)), torch.autograd.grad(gr.sum(), (xr, wr)))
+    # The backward op itself has no derivatives: refused by name.
+    _, rstd = torch.ops.myns._rms_norm_forward(x.detach(), w.detach())
+    dy = torch.randn_like(x).requires_grad_()
+    gk, _ = torch.ops.myns._rms_norm_backward(dy, x.detach(), w.detach(), rstd, True, False)
     with pytest.raises(RuntimeError, match=r"myns::_rms_norm_backward: double backward .* is not supported"):
-        gx.sum().backward()
+        gk.sum().backward()
     import torch.autograd.forward_ad as fwAD
 
-    with fwAD.dual_level(), pytest.raises(RuntimeError, match=r"myns::rms_norm: forward-mode AD .* is not supported"):
-        torchops.rms_norm(fwAD.make_dual(x.detach(), torch.randn_like(x)), w.detach())
+    tx = torch.randn_like(x)
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(torchops.rms_norm(fwAD.make_dual(x.detach(), tx), w.detach())).tangent
+    _, want = torch.func.jvp(lambda a: F.rms_norm(a, (8,), w.detach(), eps=1e-6), (x.detach(),), (tx,))
+    torch.testing.assert_close(tangent, want)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -149,7 +159,7 @@ def test_no_grad_and_inference_mode_use_the_plain_kernel(device: str) -> None:
     assert not a.requires_grad and not b.requires_grad
     torch.testing.assert_close(a, b)
     c = torchops.rms_norm(x, w)
-    assert c.requires_grad and "RMSNormFunction" in c.grad_fn.name()
+    assert c.requires_grad and c.grad_fn.name() == "RmsNormBackward"
     torch.testing.assert_close(c.detach(), a)
 
 

@@ -140,8 +140,9 @@ def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, 
         with float64 partials for long float32 rows, so the error does not grow with N; ``x * rstd`` is formed
         in that precision, then multiplied by ``weight + weight_offset`` and rounded once, as ``F.rms_norm`` does.
 
-    Differentiable in ``input`` and ``weight`` (backward mode; dweight is deterministic). Works under
-    ``torch.compile``, ``torch.export``, TorchScript (as ``torch.ops.myns.rms_norm``) and AOTInductor.
+    Differentiable in ``input`` and ``weight``, to any order, in backward and forward mode and under
+    ``torch.func`` transforms (dweight is deterministic). Works under ``torch.compile``, ``torch.export``,
+    TorchScript (as ``torch.ops.myns.rms_norm``) and AOTInductor.
     """
     return _rms_norm_c(input, weight, eps, weight_offset)
 
@@ -168,8 +169,8 @@ def add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor | None = None, 
     Returns:
         Two new contiguous tensors of input's shape and dtype.
 
-    Differentiable in ``input``, ``residual`` and ``weight`` (backward mode; both summands receive the same
-    gradient: rms_norm's input gradient of ``residual_out`` plus ``residual_out``'s own gradient). Works under
+    Differentiable in ``input``, ``residual`` and ``weight`` (backward and forward mode, ``torch.func``
+    transforms; first derivatives only: a second derivative raises; both summands receive the same gradient: rms_norm's input gradient of ``residual_out`` plus ``residual_out``'s own gradient). Works under
     ``torch.compile``, ``torch.export``, TorchScript (as ``torch.ops.myns.add_rms_norm``) and AOTInductor.
     """
     return _add_rms_norm_c(input, residual, weight, eps, weight_offset)
