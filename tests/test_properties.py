@@ -471,8 +471,9 @@ def _op_cases(data, device):
          (x(rshape), x(rshape[-1:]))),
         ("csr_spmm", lambda v, d: torchops.csr_spmm(crow, col, v, d),
          lambda v, d: csr_reference(c64, col64, v, d), (x(col.numel()), x((csr.k, n)))),
-        # torch's sparse CSR constructor has no forward AD of its own: the tangent goes through dense only.
-        ("spmm", lambda d: torchops.spmm(torch.sparse_csr_tensor(crow, col, values, (len(csr.rows), csr.k)), d),
+        # torch's sparse CSR constructor has no forward AD of its own (and fails inside torch.func transforms,
+        # before torchops is reached): A is built outside, the tangent goes through dense only.
+        ("spmm", lambda d, A=torch.sparse_csr_tensor(crow, col, values, (len(csr.rows), csr.k)): torchops.spmm(A, d),
          lambda d: csr_reference(c64, col64, values.cpu(), d), (x((csr.k, n)),)),
     ]
     if HAS_ADD_RMS_NORM:
