@@ -19,6 +19,7 @@
 #include "../common/dispatch.h"
 #include "../common/empty.h"
 #include "../common/norm.h"
+#include "../common/norm_ops.h"
 #include "../common/norm_cpu.h"
 
 namespace torchops {
@@ -343,45 +344,6 @@ void forward_cpu_into(const at::Tensor& input, const at::Tensor& residual, const
   });
 }
 
-at::Tensor rms_norm_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps,
-                        double weight_offset) {
-  check_norm_input("rms_norm", {"input", input}, weight, weight_offset);
-  at::Tensor out = empty_like_dense_cpu(input);
-  forward_cpu_into(input, at::Tensor(), weight, eps, weight_offset, out, at::Tensor(), at::Tensor());
-  return out;
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cpu(const at::Tensor& input, const std::optional<at::Tensor>& weight,
-                                                        double eps, double weight_offset) {
-  check_norm_input("_rms_norm_forward", {"input", input}, weight, weight_offset);
-  at::Tensor out = empty_like_dense_cpu(input);
-  at::Tensor rstd = empty_rstd(input);
-  forward_cpu_into(input, at::Tensor(), weight, eps, weight_offset, out, at::Tensor(), rstd);
-  return {out, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& input, const at::Tensor& residual,
-                                                    const std::optional<at::Tensor>& weight, double eps,
-                                                    double weight_offset) {
-  check_norm_input_pair("add_rms_norm", {"input", input}, {"residual", residual}, weight, weight_offset);
-  at::Tensor out = empty_like_dense_cpu(input);
-  at::Tensor residual_out = empty_like_dense_cpu(input);
-  forward_cpu_into(input, residual, weight, eps, weight_offset, out, residual_out, at::Tensor());
-  return {out, residual_out};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward_cpu(const at::Tensor& input,
-                                                                        const at::Tensor& residual,
-                                                                        const std::optional<at::Tensor>& weight,
-                                                                        double eps, double weight_offset) {
-  check_norm_input_pair("_add_rms_norm_forward", {"input", input}, {"residual", residual}, weight, weight_offset);
-  at::Tensor out = empty_like_dense_cpu(input);
-  at::Tensor residual_out = empty_like_dense_cpu(input);
-  at::Tensor rstd = empty_rstd(input);
-  forward_cpu_into(input, residual, weight, eps, weight_offset, out, residual_out, rstd);
-  return {out, residual_out, rstd};
-}
-
 // --------------------------------------------------------------------------------------- backward
 
 // grad_input (when input_grad: rms_norm's gradient wrt h, plus dres when defined) and grad_weight (when
@@ -426,40 +388,24 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(const at::Tensor& grad_out, cons
   return {grad_input, grad_weight};
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_out, const at::Tensor& input,
-                                                         const std::optional<at::Tensor>& weight,
-                                                         const at::Tensor& rstd, bool input_grad, bool weight_grad,
-                                                         double weight_offset) {
-  check_norm_backward("_rms_norm_backward", {"grad_out", grad_out}, {"input", input}, weight, {"rstd", rstd},
-                      weight_grad, weight_offset);
-  return backward_cpu(grad_out, input, at::Tensor(), weight, rstd, input_grad, weight_grad, weight_offset);
-}
-
-std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_cpu(const at::Tensor& grad_out,
-                                                             const std::optional<at::Tensor>& grad_residual_out,
-                                                             const at::Tensor& residual_out,
-                                                             const std::optional<at::Tensor>& weight,
-                                                             const at::Tensor& rstd, bool weight_grad,
-                                                             double weight_offset) {
-  const char* op = "_add_rms_norm_backward";
-  check_norm_backward(op, {"grad_out", grad_out}, {"residual_out", residual_out}, weight, {"rstd", rstd}, weight_grad,
-                      weight_offset);
-  const at::Tensor dres = grad_residual_out.has_value() ? *grad_residual_out : at::Tensor();
-  if (dres.defined()) {
-    check_norm_input_pair(op, {"residual_out", residual_out}, {"grad_residual_out", dres}, weight, weight_offset);
-  }
-  return backward_cpu(grad_out, residual_out, dres, weight, rstd, true, weight_grad, weight_offset);
-}
+// What the shared entry points (norm_ops.h) call on the CPU.
+struct CpuNorm {
+  static at::Tensor empty_like_dense(const at::Tensor& like) { return empty_like_dense_cpu(like); }
+  static at::Tensor empty_rstd(const at::Tensor& input) { return torchops::empty_rstd(input); }
+  static constexpr auto forward_into = &forward_cpu_into;
+  static constexpr auto backward = &backward_cpu;
+};
+using Ops = NormOps<CpuNorm>;
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(myns, CPU, m) {
-  m.impl("rms_norm", &rms_norm_cpu);
-  m.impl("_rms_norm_forward", &rms_norm_forward_cpu);
-  m.impl("_rms_norm_backward", &rms_norm_backward_cpu);
-  m.impl("add_rms_norm", &add_rms_norm_cpu);
-  m.impl("_add_rms_norm_forward", &add_rms_norm_forward_cpu);
-  m.impl("_add_rms_norm_backward", &add_rms_norm_backward_cpu);
+  m.impl("rms_norm", &Ops::rms_norm);
+  m.impl("_rms_norm_forward", &Ops::rms_norm_forward);
+  m.impl("_rms_norm_backward", &Ops::rms_norm_backward);
+  m.impl("add_rms_norm", &Ops::add_rms_norm);
+  m.impl("_add_rms_norm_forward", &Ops::add_rms_norm_forward);
+  m.impl("_add_rms_norm_backward", &Ops::add_rms_norm_backward);
 }
 
 }  // namespace torchops

@@ -20,6 +20,7 @@
 #include "../common/empty.h"
 #include "../common/norm.h"
 #include "../common/norm_cuda.cuh"
+#include "../common/norm_ops.h"
 #include "rms_norm_forward.cuh"
 
 namespace torchops {
@@ -69,53 +70,21 @@ at::Tensor empty_rstd(const at::Tensor& input) {
                                 input.device(), at::MemoryFormat::Contiguous);
 }
 
-at::Tensor rms_norm_cuda(const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps,
-                         double weight_offset) {
-  check_norm_input("rms_norm", {"input", input}, weight, weight_offset);
-  at::Tensor out = empty_like_dense_cuda(input);
-  forward_cuda_into(input, at::Tensor(), weight, eps, weight_offset, out, at::Tensor(), at::Tensor());
-  return out;
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_forward_cuda(const at::Tensor& input,
-                                                         const std::optional<at::Tensor>& weight, double eps,
-                                                         double weight_offset) {
-  check_norm_input("_rms_norm_forward", {"input", input}, weight, weight_offset);
-  at::Tensor out = empty_like_dense_cuda(input);
-  at::Tensor rstd = empty_rstd(input);
-  forward_cuda_into(input, at::Tensor(), weight, eps, weight_offset, out, at::Tensor(), rstd);
-  return {out, rstd};
-}
-
-std::tuple<at::Tensor, at::Tensor> add_rms_norm_cuda(const at::Tensor& input, const at::Tensor& residual,
-                                                     const std::optional<at::Tensor>& weight, double eps,
-                                                     double weight_offset) {
-  check_norm_input_pair("add_rms_norm", {"input", input}, {"residual", residual}, weight, weight_offset);
-  at::Tensor out = empty_like_dense_cuda(input);
-  at::Tensor residual_out = empty_like_dense_cuda(input);
-  forward_cuda_into(input, residual, weight, eps, weight_offset, out, residual_out, at::Tensor());
-  return {out, residual_out};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward_cuda(const at::Tensor& input,
-                                                                         const at::Tensor& residual,
-                                                                         const std::optional<at::Tensor>& weight,
-                                                                         double eps, double weight_offset) {
-  check_norm_input_pair("_add_rms_norm_forward", {"input", input}, {"residual", residual}, weight, weight_offset);
-  at::Tensor out = empty_like_dense_cuda(input);
-  at::Tensor residual_out = empty_like_dense_cuda(input);
-  at::Tensor rstd = empty_rstd(input);
-  forward_cuda_into(input, residual, weight, eps, weight_offset, out, residual_out, rstd);
-  return {out, residual_out, rstd};
-}
+// What the shared entry points (norm_ops.h) call for the forward ops on CUDA.
+struct CudaNormForward {
+  static at::Tensor empty_like_dense(const at::Tensor& like) { return empty_like_dense_cuda(like); }
+  static at::Tensor empty_rstd(const at::Tensor& input) { return torchops::empty_rstd(input); }
+  static constexpr auto forward_into = &forward_cuda_into;
+};
+using Ops = NormOps<CudaNormForward>;
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(myns, CUDA, m) {
-  m.impl("rms_norm", &rms_norm_cuda);
-  m.impl("_rms_norm_forward", &rms_norm_forward_cuda);
-  m.impl("add_rms_norm", &add_rms_norm_cuda);
-  m.impl("_add_rms_norm_forward", &add_rms_norm_forward_cuda);
+  m.impl("rms_norm", &Ops::rms_norm);
+  m.impl("_rms_norm_forward", &Ops::rms_norm_forward);
+  m.impl("add_rms_norm", &Ops::add_rms_norm);
+  m.impl("_add_rms_norm_forward", &Ops::add_rms_norm_forward);
 }
 
 }  // namespace torchops

@@ -19,6 +19,7 @@
 #include "../common/empty.h"
 #include "../common/norm.h"
 #include "../common/norm_cuda.cuh"
+#include "../common/norm_ops.h"
 
 namespace torchops {
 namespace {
@@ -315,36 +316,17 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(const at::Tensor& grad_out, con
   return {grad_input, grad_weight};
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad_out, const at::Tensor& input,
-                                                          const std::optional<at::Tensor>& weight,
-                                                          const at::Tensor& rstd, bool input_grad, bool weight_grad,
-                                                          double weight_offset) {
-  check_norm_backward("_rms_norm_backward", {"grad_out", grad_out}, {"input", input}, weight, {"rstd", rstd},
-                      weight_grad, weight_offset);
-  return backward_cuda(grad_out, input, at::Tensor(), weight, rstd, input_grad, weight_grad, weight_offset);
-}
-
-std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_cuda(const at::Tensor& grad_out,
-                                                              const std::optional<at::Tensor>& grad_residual_out,
-                                                              const at::Tensor& residual_out,
-                                                              const std::optional<at::Tensor>& weight,
-                                                              const at::Tensor& rstd, bool weight_grad,
-                                                              double weight_offset) {
-  const char* op = "_add_rms_norm_backward";
-  check_norm_backward(op, {"grad_out", grad_out}, {"residual_out", residual_out}, weight, {"rstd", rstd}, weight_grad,
-                      weight_offset);
-  const at::Tensor dres = grad_residual_out.has_value() ? *grad_residual_out : at::Tensor();
-  if (dres.defined()) {
-    check_norm_input_pair(op, {"residual_out", residual_out}, {"grad_residual_out", dres}, weight, weight_offset);
-  }
-  return backward_cuda(grad_out, residual_out, dres, weight, rstd, true, weight_grad, weight_offset);
-}
+// What the shared entry points (norm_ops.h) call for the backward ops on CUDA.
+struct CudaNormBackward {
+  static constexpr auto backward = &backward_cuda;
+};
+using Ops = NormOps<CudaNormBackward>;
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(myns, CUDA, m) {
-  m.impl("_rms_norm_backward", &rms_norm_backward_cuda);
-  m.impl("_add_rms_norm_backward", &add_rms_norm_backward_cuda);
+  m.impl("_rms_norm_backward", &Ops::rms_norm_backward);
+  m.impl("_add_rms_norm_backward", &Ops::add_rms_norm_backward);
 }
 
 }  // namespace torchops
