@@ -33,10 +33,10 @@ summary=()
 status=0
 note() { summary+=("$1"); echo "== $1"; }
 
-# Python packages the machine lacks (expecttest; pytest-xdist + execnet to run tests in parallel; cmake and
-# ninja for the C++ example) travel as wheels in .whl/ (git-ignored; make it with `python3 -m pip download
-# --no-deps -d .whl expecttest==0.3.0 pytest-xdist==3.8.0 execnet==2.1.1 cmake==3.31.10 ninja==1.13.0` and
-# pass carry=[".whl"] to the device tool).
+# Python packages the machine lacks (expecttest for the tests; liger-kernel, a peer in the rms_norm bench)
+# travel as wheels in .whl/ (git-ignored; make it with `python3 -m pip download --no-deps -d .whl
+# expecttest==0.3.0 liger-kernel==0.8.5` and pass carry=[".whl"] to the device tool). The H200 image has
+# pytest-xdist, hypothesis, cmake and ninja; a machine without them can take their wheels the same way.
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/torchops-site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site" PATH="/tmp/torchops-site/bin:$PATH"
