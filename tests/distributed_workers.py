@@ -361,7 +361,10 @@ def check_tp_block(mesh: Any, device: str, compiled: str | None) -> int:
     """compiled: None (eager) or the torch.compile backend."""
     ref, model = make_tp_block(mesh, device)
     torch.manual_seed(2)
-    batches = [rand(2, 9, 16, device=device) for _ in range(3)]  # 9 tokens: uneven over 2 and 4 ranks
+    # 9 tokens: uneven over 2 and 4 ranks. torch 2.11's DTensor linear fails on unevenly sequence-sharded
+    # input with torch.nn.RMSNorm as well ("view size is not compatible ..."), so there the split is even.
+    tokens = 9 if torch.__version__ >= "2.14" else 8
+    batches = [rand(2, tokens, 16, device=device) for _ in range(3)]
     # The norms run sequence-sharded, as DTensors, on this rank's tokens only.
     seen: list[Any] = []
 
