@@ -11,7 +11,6 @@
 #include <array>
 #include <cstddef>
 #include <initializer_list>
-#include <type_traits>
 
 #include "checks.h"
 #include "strided.h"
@@ -54,12 +53,7 @@ std::array<at::Tensor, kOut> multi_output_elementwise(const char* op, const Name
   if (!fits_strided_layout<static_cast<int>(kOut + kIn)>(all)) {
     for (auto& in : ins) in = in.contiguous();
   }
-  if constexpr (std::is_invocable_v<Kernel&, const std::array<at::Tensor, kOut>&, const std::array<at::Tensor, kIn>&>) {
-    kernel(outs, ins);
-  } else {
-    // The older form kernel(outs), which reads the inputs it captured itself: limited to kMaxDims.
-    kernel(outs);
-  }
+  kernel(outs, ins);
   return outs;
 }
 

@@ -40,16 +40,25 @@ inline void advise_huge_pages(const at::Tensor& t) {
 #endif
 }
 
-inline at::Tensor empty_like_dense_cpu(const at::Tensor& like) {
-  at::Tensor out =
-      at::detail::empty_cpu(like.sizes(), like.scalar_type(), /*pin_memory=*/false, at::MemoryFormat::Contiguous);
+// A new dense CPU tensor (outputs and scratch alike).
+inline at::Tensor empty_dense_cpu(c10::IntArrayRef sizes, at::ScalarType dtype) {
+  at::Tensor out = at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, at::MemoryFormat::Contiguous);
   advise_huge_pages(out);
   return out;
 }
 
+inline at::Tensor empty_like_dense_cpu(const at::Tensor& like) {
+  return empty_dense_cpu(like.sizes(), like.scalar_type());
+}
+
 #ifdef __CUDACC__
+// A new dense tensor on `device` (a CUDA device).
+inline at::Tensor empty_dense_cuda(c10::IntArrayRef sizes, at::ScalarType dtype, c10::Device device) {
+  return at::detail::empty_cuda(sizes, dtype, device, at::MemoryFormat::Contiguous);
+}
+
 inline at::Tensor empty_like_dense_cuda(const at::Tensor& like) {
-  return at::detail::empty_cuda(like.sizes(), like.scalar_type(), like.device(), at::MemoryFormat::Contiguous);
+  return empty_dense_cuda(like.sizes(), like.scalar_type(), like.device());
 }
 #endif
 

@@ -3,8 +3,8 @@
 //
 // `Backend` provides what the entry points a translation unit registers call (members of a class template
 // are only instantiated when used, so a forward-only file need not define `backward`):
-//   static at::Tensor empty_like_dense(const at::Tensor& like);     // a new dense tensor of like's shape
-//   static at::Tensor empty_rstd(const at::Tensor& input);          // input.shape[:-1], the stat dtype
+//   static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& like);
+//       a new dense tensor on like's device (empty.h's allocators);
 //   static void forward_into(input, residual, weight, eps, weight_offset, out, residual_out, rstd);
 //       residual / residual_out / rstd undefined when not wanted;
 //   static std::tuple<at::Tensor, at::Tensor> backward(grad_out, h, grad_residual_out, weight, rstd,
@@ -22,10 +22,19 @@ namespace torchops {
 
 template <typename Backend>
 struct NormOps {
+  static at::Tensor empty_like_dense(const at::Tensor& like) {
+    return Backend::empty(like.sizes(), like.scalar_type(), like);
+  }
+
+  // Each row's rstd: input.shape[:-1], the stat dtype.
+  static at::Tensor empty_rstd(const at::Tensor& input) {
+    return Backend::empty(input.sizes().slice(0, input.dim() - 1), norm_stat_dtype(input.scalar_type()), input);
+  }
+
   static at::Tensor rms_norm(const at::Tensor& input, const std::optional<at::Tensor>& weight, double eps,
                              double weight_offset) {
     check_norm_input("rms_norm", {"input", input}, weight, weight_offset);
-    at::Tensor out = Backend::empty_like_dense(input);
+    at::Tensor out = empty_like_dense(input);
     Backend::forward_into(input, at::Tensor(), weight, eps, weight_offset, out, at::Tensor(), at::Tensor());
     return out;
   }
@@ -34,8 +43,8 @@ struct NormOps {
                                                              const std::optional<at::Tensor>& weight, double eps,
                                                              double weight_offset) {
     check_norm_input("_rms_norm_forward", {"input", input}, weight, weight_offset);
-    at::Tensor out = Backend::empty_like_dense(input);
-    at::Tensor rstd = Backend::empty_rstd(input);
+    at::Tensor out = empty_like_dense(input);
+    at::Tensor rstd = empty_rstd(input);
     Backend::forward_into(input, at::Tensor(), weight, eps, weight_offset, out, at::Tensor(), rstd);
     return {out, rstd};
   }
@@ -44,8 +53,8 @@ struct NormOps {
                                                          const std::optional<at::Tensor>& weight, double eps,
                                                          double weight_offset) {
     check_norm_input_pair("add_rms_norm", {"input", input}, {"residual", residual}, weight, weight_offset);
-    at::Tensor out = Backend::empty_like_dense(input);
-    at::Tensor residual_out = Backend::empty_like_dense(input);
+    at::Tensor out = empty_like_dense(input);
+    at::Tensor residual_out = empty_like_dense(input);
     Backend::forward_into(input, residual, weight, eps, weight_offset, out, residual_out, at::Tensor());
     return {out, residual_out};
   }
@@ -55,9 +64,9 @@ struct NormOps {
                                                                              const std::optional<at::Tensor>& weight,
                                                                              double eps, double weight_offset) {
     check_norm_input_pair("_add_rms_norm_forward", {"input", input}, {"residual", residual}, weight, weight_offset);
-    at::Tensor out = Backend::empty_like_dense(input);
-    at::Tensor residual_out = Backend::empty_like_dense(input);
-    at::Tensor rstd = Backend::empty_rstd(input);
+    at::Tensor out = empty_like_dense(input);
+    at::Tensor residual_out = empty_like_dense(input);
+    at::Tensor rstd = empty_rstd(input);
     Backend::forward_into(input, residual, weight, eps, weight_offset, out, residual_out, rstd);
     return {out, residual_out, rstd};
   }

@@ -34,12 +34,11 @@ struct StridedLayout {
   }
 };
 
-// Builds the collapsed layout of tensors that all have `tensors[0]`'s shape. Size-1 dimensions are
-// dropped; dimension d merges into d+1 when, for every operand, stride[d] == stride[d+1] * size[d+1].
-// Layouts that need more than kMaxDims dimensions are refused here; the front ends (elementwise.h) check
-// fits_strided_layout first and give the kernels dense copies instead.
+// The collapsed layout of tensors that all have `tensors[0]`'s shape, or nullopt when it needs more than
+// kMaxDims dimensions. Size-1 dimensions are dropped; dimension d merges into d+1 when, for every operand,
+// stride[d] == stride[d+1] * size[d+1].
 template <int kOperands>
-StridedLayout<kOperands> collapse_layout(const char* op, const std::array<at::Tensor, kOperands>& tensors) {
+std::optional<StridedLayout<kOperands>> try_collapse_layout(const std::array<at::Tensor, kOperands>& tensors) {
   StridedLayout<kOperands> layout;
   const auto shape = tensors[0].sizes();
   for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
@@ -54,7 +53,7 @@ StridedLayout<kOperands> collapse_layout(const char* op, const std::array<at::Te
       for (int k = 0; k < kOperands; ++k) layout.strides[k][n - 1] = tensors[k].stride(d);
       continue;
     }
-    if (n == kMaxDims) fail_too_many_dims(op, kMaxDims);
+    if (n == kMaxDims) return std::nullopt;
     layout.sizes[n] = shape[d];
     for (int k = 0; k < kOperands; ++k) layout.strides[k][n] = tensors[k].stride(d);
     layout.ndim = n + 1;
@@ -62,22 +61,20 @@ StridedLayout<kOperands> collapse_layout(const char* op, const std::array<at::Te
   return layout;
 }
 
-// Whether collapse_layout can represent `tensors`: at most kMaxDims dimensions after merging (the same
-// rule). Cheap for the usual case: a rank of at most kMaxDims always fits.
+// The kernels' form: a layout past kMaxDims raises. The front ends (elementwise.h) check
+// fits_strided_layout first and give the kernels dense copies instead, so no op reaches the error.
+template <int kOperands>
+StridedLayout<kOperands> collapse_layout(const char* op, const std::array<at::Tensor, kOperands>& tensors) {
+  auto layout = try_collapse_layout<kOperands>(tensors);
+  if (!layout) fail_too_many_dims(op, kMaxDims);
+  return *layout;
+}
+
+// Whether collapse_layout can represent `tensors`. Free for the usual case: a rank of at most kMaxDims
+// always fits.
 template <int kOperands>
 bool fits_strided_layout(const std::array<at::Tensor, kOperands>& tensors) {
-  if (tensors[0].dim() <= kMaxDims) return true;
-  const auto shape = tensors[0].sizes();
-  int ndim = 0;
-  int64_t last_strides[kOperands] = {};  // of the innermost dimension kept so far
-  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
-    if (shape[d] == 1) continue;
-    bool merge = ndim > 0;
-    for (int k = 0; k < kOperands && merge; ++k) merge = last_strides[k] == tensors[k].stride(d) * shape[d];
-    for (int k = 0; k < kOperands; ++k) last_strides[k] = tensors[k].stride(d);
-    if (!merge && ++ndim > kMaxDims) return false;
-  }
-  return true;
+  return tensors[0].dim() <= kMaxDims || try_collapse_layout<kOperands>(tensors).has_value();
 }
 
 // Operand k's stride along the innermost dimension (1 for a single element).

@@ -304,14 +304,6 @@ void backward_row(const BackwardRow<T, W, opmath_t<T>>& row, opmath_t<T> r, int6
   backward_row_portable(row, r, n, offset);
 }
 
-at::Tensor empty_dense(c10::IntArrayRef sizes, at::ScalarType dtype) {
-  return at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, at::MemoryFormat::Contiguous);
-}
-
-at::Tensor empty_rstd(const at::Tensor& input) {
-  return empty_dense(input.sizes().slice(0, input.dim() - 1), norm_stat_dtype(input.scalar_type()));
-}
-
 // ---------------------------------------------------------------------------------------- forward
 
 // Writes out (dense, input's shape), residual_out (dense; only with a residual) and, when `rstd` is
@@ -354,7 +346,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(const at::Tensor& grad_out, cons
                                                 double weight_offset) {
   const at::Tensor w = dense_weight(weight);
   at::Tensor grad_input, grad_weight;  // not structured bindings: the lambdas below capture them (C++17)
-  std::tie(grad_input, grad_weight) = norm_backward_outputs(h, w, input_grad, weight_grad, empty_dense);
+  std::tie(grad_input, grad_weight) = norm_backward_outputs(h, w, input_grad, weight_grad, empty_dense_cpu);
   if (!input_grad && !weight_grad) return {grad_input, grad_weight};
 
   const NormRows x = norm_rows(h);
@@ -390,8 +382,9 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(const at::Tensor& grad_out, cons
 
 // What the shared entry points (norm_ops.h) call on the CPU.
 struct CpuNorm {
-  static at::Tensor empty_like_dense(const at::Tensor& like) { return empty_like_dense_cpu(like); }
-  static at::Tensor empty_rstd(const at::Tensor& input) { return torchops::empty_rstd(input); }
+  static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor&) {
+    return empty_dense_cpu(sizes, dtype);
+  }
   static constexpr auto forward_into = &forward_cpu_into;
   static constexpr auto backward = &backward_cpu;
 };

@@ -65,15 +65,11 @@ void forward_cuda_into(const at::Tensor& input, const at::Tensor& residual, cons
   });
 }
 
-at::Tensor empty_rstd(const at::Tensor& input) {
-  return at::detail::empty_cuda(input.sizes().slice(0, input.dim() - 1), norm_stat_dtype(input.scalar_type()),
-                                input.device(), at::MemoryFormat::Contiguous);
-}
-
 // What the shared entry points (norm_ops.h) call for the forward ops on CUDA.
 struct CudaNormForward {
-  static at::Tensor empty_like_dense(const at::Tensor& like) { return empty_like_dense_cuda(like); }
-  static at::Tensor empty_rstd(const at::Tensor& input) { return torchops::empty_rstd(input); }
+  static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& like) {
+    return empty_dense_cuda(sizes, dtype, like.device());
+  }
   static constexpr auto forward_into = &forward_cuda_into;
 };
 using Ops = NormOps<CudaNormForward>;

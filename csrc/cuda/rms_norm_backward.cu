@@ -243,8 +243,7 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
 
     at::Tensor partial;
     if (want_dw) {
-      partial = at::detail::empty_cuda({blocks, n}, at::CppTypeToScalarType<A>::value, like.device(),
-                                       at::MemoryFormat::Contiguous);
+      partial = empty_dense_cuda({blocks, n}, at::CppTypeToScalarType<A>::value, like.device());
     }
     if (a.dx != nullptr || dw_in_smem) {
       BackwardArgs<T, W> k = a;
@@ -278,7 +277,7 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(const at::Tensor& grad_out, con
   at::Tensor grad_input, grad_weight;
   std::tie(grad_input, grad_weight) =
       norm_backward_outputs(h, w, input_grad, weight_grad, [&](c10::IntArrayRef sizes, at::ScalarType dtype) {
-        return at::detail::empty_cuda(sizes, dtype, h.device(), at::MemoryFormat::Contiguous);
+        return empty_dense_cuda(sizes, dtype, h.device());
       });
   if (!input_grad && !weight_grad) return {grad_input, grad_weight};
   const NormRows x = norm_rows(h);
