@@ -59,33 +59,19 @@ bool is_written(const c10::Argument& argument) {
   return alias != nullptr && alias->isWrite();
 }
 
-// Calls fn(tensor) for each defined tensor among the arguments the op only reads (Tensor, Tensor?, Tensor[]).
-template <typename Fn>
-void for_each_read_tensor(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first, Fn&& fn) {
+// Replaces each tensor among the arguments the op only reads (Tensor, Tensor?, Tensor[]) by map(tensor);
+// a map that returns its argument just visits them.
+template <typename Map>
+void map_read_tensors(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first, Map&& map) {
   const auto& arguments = schema.arguments();
   for (size_t i = 0; i < arguments.size(); ++i) {
     if (is_written(arguments[i])) continue;
     c10::IValue& value = stack[first + i];
     if (value.isTensor()) {
-      fn(value.toTensor());
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList().vec()) fn(t);
-    }
-  }
-}
-
-// Replaces each read tensor argument t by cast(t).
-template <typename Cast>
-void cast_read_tensors(const c10::FunctionSchema& schema, torch::jit::Stack& stack, size_t first, Cast&& cast) {
-  const auto& arguments = schema.arguments();
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    if (is_written(arguments[i])) continue;
-    c10::IValue& value = stack[first + i];
-    if (value.isTensor()) {
-      value = cast(value.toTensor());
+      value = map(value.toTensor());
     } else if (value.isTensorList()) {
       auto list = value.toTensorList();
-      for (size_t k = 0; k < list.size(); ++k) list[k] = cast(list.get(k));
+      for (size_t k = 0; k < list.size(); ++k) list[k] = map(list.get(k));
     }
   }
 }
@@ -107,13 +93,15 @@ void cast_then_call(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
     target = at::autocast::get_autocast_dtype(device);
   } else {
     static_assert(kPolicy == CastPolicy::kPromote);
-    for_each_read_tensor(schema, *stack, first, [&](const at::Tensor& t) {
-      if (!at::autocast::is_eligible(t, device)) return;
-      target = target == at::ScalarType::Undefined ? t.scalar_type() : at::promote_types(target, t.scalar_type());
+    map_read_tensors(schema, *stack, first, [&](const at::Tensor& t) {
+      if (at::autocast::is_eligible(t, device)) {
+        target = target == at::ScalarType::Undefined ? t.scalar_type() : at::promote_types(target, t.scalar_type());
+      }
+      return t;
     });
   }
   if (target != at::ScalarType::Undefined) {
-    cast_read_tensors(schema, *stack, first,
+    map_read_tensors(schema, *stack, first,
                       [&](const at::Tensor& t) { return at::autocast::cached_cast(target, t, device); });
   }
   // Autocast stays off for whatever the op calls, as in torch's autocast kernels.
