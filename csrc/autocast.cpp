@@ -1,22 +1,24 @@
 // torch.autocast for the myns ops: one boxed kernel for the AutocastCPU and AutocastCUDA keys, parameterised
-// by a cast policy, registered per op from one table. Each op takes the policy its native counterpart has
-// under autocast, so mixing it with native ops inside an autocast region works as it would with them:
+// by a cast policy. Each op declares its policy where its schema is defined (csrc/ops.cpp, define()), and
+// takes the policy its native counterpart has under autocast, so mixing it with native ops inside an
+// autocast region works as it would with them:
 //
-//   vector_add, vector_add_out, swiglu   promote  like add/mul, which type promotion settles (autocast lists
-//                                                 neither): the floating inputs are cast to the widest of
-//                                                 their dtypes, e.g. (float32, bfloat16) -> float32
-//   rms_norm                   CPU: as is, CUDA: float32, like F.rms_norm (aten::rms_norm is in autocast's
-//                                                 CUDA fp32 list and in no CPU list)
-//   csr_spmm                   lower precision    like torch.sparse.mm, whose addmm is in both devices'
-//                                                 lower-precision lists: to autocast's dtype
+//   promote            like add/mul, which type promotion settles (autocast lists neither): the floating
+//                      inputs are cast to the widest of their dtypes, e.g. (float32, bfloat16) -> float32
+//   float32            like the ops in autocast's fp32 lists (F.rms_norm on CUDA)
+//   lower precision    like mm/addmm (torch.sparse.mm), in both devices' lower-precision lists: to
+//                      autocast's dtype
+//   as is              no kernel: autocast falls through (F.rms_norm on the CPU, in no CPU list)
 //
 // As torch's own autocast kernels do, only floating tensors on the autocast device other than float64 are
 // cast ("eligible"); the others pass as they are. An argument the op writes (out=) is never cast nor
 // counted: writing a converted copy would lose the result, so the op's own dtype check decides (torch's
-// out= ops are not autocast either). Ops not in the table have no kernel here and fall through: the
+// out= ops are not autocast either). Ops that declare no policy have no kernel here and fall through: the
 // internal forward helpers, which the public ops' kernels call with their arguments already cast (and
 // this kernel excludes autocast while the op runs), and the backward ops, which autograd runs with the
 // dtypes the forward chose (autocast does not apply to backward passes).
+#include "autocast.h"
+
 #include <ATen/autocast_mode.h>  // get_autocast_dtype, cached_cast: only here in torch's headers
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -26,33 +28,6 @@
 
 namespace torchops {
 namespace {
-
-enum class CastPolicy {
-  kAsIs,            // no kernel: autocast falls through
-  kPromote,         // eligible inputs to the widest floating dtype among them
-  kFloat32,         // eligible inputs to float32
-  kLowerPrecision,  // eligible inputs to autocast's dtype for the device (torch.get_autocast_dtype)
-};
-
-struct OpCastPolicy {
-  const char* name;
-  CastPolicy cpu;
-  CastPolicy cuda;
-};
-
-// A new op gets a row here (tests/test_autocast.py checks every public op against its expected policy).
-// add_rms_norm: its input + residual follows add (promote: a bf16 block output added to an f32 residual
-// stream), then rms_norm's CUDA policy.
-constexpr OpCastPolicy kCastPolicies[] = {
-    {"vector_add", CastPolicy::kPromote, CastPolicy::kPromote},
-    {"vector_add_out", CastPolicy::kPromote, CastPolicy::kPromote},
-    {"swiglu", CastPolicy::kPromote, CastPolicy::kPromote},
-    {"rms_norm", CastPolicy::kAsIs, CastPolicy::kFloat32},
-    {"add_rms_norm", CastPolicy::kPromote, CastPolicy::kFloat32},
-    {"csr_spmm", CastPolicy::kLowerPrecision, CastPolicy::kLowerPrecision},
-    // torchops.spmm's eager path: the same product as csr_spmm, so the same policy.
-    {"_csr_spmm_with_transpose", CastPolicy::kLowerPrecision, CastPolicy::kLowerPrecision},
-};
 
 bool is_written(const c10::Argument& argument) {
   const auto* alias = argument.alias_info();
@@ -123,17 +98,31 @@ torch::CppFunction autocast_kernel(CastPolicy policy) {
   TORCH_INTERNAL_ASSERT(false, "no autocast kernel for the as-is policy");
 }
 
-void register_autocast_kernels(torch::Library& m, bool cuda) {
-  for (const auto& row : kCastPolicies) {
-    const CastPolicy policy = cuda ? row.cuda : row.cpu;
-    if (policy != CastPolicy::kAsIs) m.impl(row.name, autocast_kernel(policy));
-  }
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(myns, AutocastCPU, m) { register_autocast_kernels(m, /*cuda=*/false); }
+const char* cast_policy_name(CastPolicy policy) {
+  switch (policy) {
+    case CastPolicy::kAsIs:
+      return "as is";
+    case CastPolicy::kPromote:
+      return "promote";
+    case CastPolicy::kFloat32:
+      return "float32";
+    case CastPolicy::kLowerPrecision:
+      return "lower precision";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown cast policy");
+}
 
-TORCH_LIBRARY_IMPL(myns, AutocastCUDA, m) { register_autocast_kernels(m, /*cuda=*/true); }
+void register_autocast_kernels(torch::Library& m, const char* name, AutocastPolicy policy) {
+  // Registered through the defining library itself (torch::dispatch picks the key), so the kernels exist
+  // exactly when the schema does, with no ordering between translation units to get wrong.
+  if (policy.cpu != CastPolicy::kAsIs) {
+    m.impl(name, torch::dispatch(c10::DispatchKey::AutocastCPU, autocast_kernel(policy.cpu)));
+  }
+  if (policy.cuda != CastPolicy::kAsIs) {
+    m.impl(name, torch::dispatch(c10::DispatchKey::AutocastCUDA, autocast_kernel(policy.cuda)));
+  }
+}
 
 }  // namespace torchops

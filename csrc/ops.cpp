@@ -1,39 +1,112 @@
-// Every myns schema, in one place. Kernels for the schemas live in cpu/, cuda/ and autograd/; their fake
-// (meta) kernels in the Python module meta_kernels.<op>, which set_python_module names (exactly: PyTorch
-// checks) before each group. The Python extension module itself is csrc/python/module.cpp.
+// Every myns schema, in one place, each with what the generic layers derive from its definition:
+//   - the autocast policy (autocast.h): the AutocastCPU/AutocastCUDA kernels are registered from it;
+//   - Pointwise{...}: elementwise in every tensor argument, outputs shaped like the inputs: tagged
+//     at::Tag::pointwise, and torchops.distributed gives it the generic elementwise sharding rule (Partial
+//     passes through the arguments it is declared linear in);
+//   - the comment right above a public op's define() becomes its doc comment in the generated C++ header
+//     <torchops/ops.h> (scripts/gen_ops_header.py; public: no leading underscore, no _backward).
+// Kernels for the schemas live in cpu/, cuda/ and autograd/; their fake (meta) kernels in the Python module
+// meta_kernels.<op>, which set_python_module names (exactly: PyTorch checks) before each group. The Python
+// extension module itself is csrc/python/module.cpp.
 #include <torch/library.h>
 
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "autocast.h"
 #include "common/math_bits.h"
+#include "declarations.h"
+
+namespace torchops {
+namespace {
+
+// Function-local, so it exists whenever the first define() runs, whatever the static initialisation order.
+std::vector<OpDeclaration>& declarations() {
+  static std::vector<OpDeclaration> declared;
+  return declared;
+}
+
+}  // namespace
+
+const std::vector<OpDeclaration>& op_declarations() { return declarations(); }
+
+}  // namespace torchops
 
 namespace {
 
-// Defines a schema with the tags every myns op carries; an op that writes an argument also gets the
-// math-bits kernels (common/math_bits.h), so no mutable schema, now or later, reaches PyTorch's fallback.
-void define(torch::Library& m, const char* schema) {
-  m.def(schema, {at::Tag::pt2_compliant_tag});
+using Cast = torchops::CastPolicy;
+using torchops::AutocastPolicy;
+
+// See the top of this file. `linear_in` names tensor arguments of the schema.
+struct Pointwise {
+  std::vector<std::string> linear_in;
+  Pointwise(std::initializer_list<const char*> linear = {}) : linear_in(linear.begin(), linear.end()) {}
+};
+
+// Defines a schema with the tags every myns op carries (plus pointwise when declared), registers its
+// autocast kernels from its policy and records both (declarations.h); an op that writes an argument also
+// gets the math-bits kernels (common/math_bits.h), so no mutable schema, now or later, reaches PyTorch's
+// fallback.
+void define(torch::Library& m, const char* schema, std::optional<AutocastPolicy> autocast = std::nullopt,
+            std::optional<Pointwise> pointwise = std::nullopt) {
+  if (pointwise) {
+    m.def(schema, {at::Tag::pt2_compliant_tag, at::Tag::pointwise});
+  } else {
+    m.def(schema, {at::Tag::pt2_compliant_tag});
+  }
   const c10::FunctionSchema parsed = torch::schema(schema);
-  if (parsed.is_mutable()) torchops::register_math_bits_kernels(m, parsed.name().c_str());
+  const std::string name = parsed.name();
+  if (parsed.is_mutable()) torchops::register_math_bits_kernels(m, name.c_str());
+
+  torchops::OpDeclaration declared;
+  declared.name = name;
+  if (autocast) {
+    torchops::register_autocast_kernels(m, name.c_str(), *autocast);
+    declared.autocast_cpu = torchops::cast_policy_name(autocast->cpu);
+    declared.autocast_cuda = torchops::cast_policy_name(autocast->cuda);
+  }
+  if (pointwise) {
+    declared.pointwise = true;
+    for (const std::string& arg : pointwise->linear_in) {
+      const auto index = parsed.argumentIndexWithName(arg);
+      TORCH_INTERNAL_ASSERT(index && parsed.arguments()[*index].type()->kind() == c10::TypeKind::TensorType,
+                            "myns::", name, ": Pointwise names ", arg, ", which is no Tensor argument");
+    }
+    declared.linear_in = pointwise->linear_in;
+  }
+  torchops::declarations().push_back(std::move(declared));
+}
+
+void define(torch::Library& m, const char* schema, Pointwise pointwise) {
+  define(m, schema, std::nullopt, std::move(pointwise));
 }
 
 }  // namespace
 
 TORCH_LIBRARY(myns, m) {
   m.set_python_module("meta_kernels.vector_add");
-  define(m, "vector_add(Tensor a, Tensor b) -> Tensor");
-  define(m, "vector_add_out(Tensor a, Tensor b, Tensor(a!) out) -> ()");
+  // a + b (same shape, dtype and device); a new contiguous tensor.
+  define(m, "vector_add(Tensor a, Tensor b) -> Tensor", Cast::kPromote, Pointwise{"a", "b"});
+  // Writes a + b into out (which may be a or b).
+  define(m, "vector_add_out(Tensor a, Tensor b, Tensor(a!) out) -> ()", Cast::kPromote, Pointwise{});
 
   m.set_python_module("meta_kernels.swiglu");
-  define(m, "swiglu(Tensor gate, Tensor up) -> Tensor");
-  define(m, "swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)");
+  // silu(gate) * up.
+  define(m, "swiglu(Tensor gate, Tensor up) -> Tensor", Cast::kPromote, Pointwise{});
+  define(m, "swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)", Pointwise{"grad_out"});
 
   m.set_python_module("meta_kernels.csr_spmm");
-  // A @ dense for A = (crow_indices, col_indices, values), an M x K CSR matrix with K = dense.size(0).
-  define(m, "csr_spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> Tensor");
+  // A @ dense for the M x K CSR matrix A = (crow_indices, col_indices, values), K = dense.size(0).
+  // Autocast: lower precision, like torch.sparse.mm (addmm).
+  define(m, "csr_spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> Tensor",
+         Cast::kLowerPrecision);
   // Same result; backward takes dense's gradient through the given transpose (from _csr_transpose).
+  // torchops.spmm's eager path: the same product as csr_spmm, so the same autocast policy.
   define(m, "_csr_spmm_with_transpose(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, "
-            "Tensor t_crow_indices, Tensor t_col_indices, Tensor t_perm) -> Tensor");
+            "Tensor t_crow_indices, Tensor t_col_indices, Tensor t_perm) -> Tensor",
+         Cast::kLowerPrecision);
   // out[p] = dot(grad_out[row(p)], dense[col_indices[p]]) for every nonzero p: the gradient of values.
   define(m, "_csr_sddmm(Tensor crow_indices, Tensor col_indices, Tensor grad_out, Tensor dense) -> Tensor");
   // The K x M transpose in CSR form (= A in CSC): (t_crow_indices[K + 1], t_col_indices[nnz] = row of each
@@ -41,9 +114,11 @@ TORCH_LIBRARY(myns, m) {
   define(m, "_csr_transpose(Tensor crow_indices, Tensor col_indices, SymInt K) -> (Tensor, Tensor, Tensor)");
 
   m.set_python_module("meta_kernels.rms_norm");
-  // out = x * rstd * (weight + weight_offset), rstd = rsqrt(mean(x^2, -1) + eps); the offset is added in f32
-  // (Gemma stores w and scales by 1 + w).
-  define(m, "rms_norm(Tensor input, Tensor? weight=None, float eps=1e-06, float weight_offset=0.0) -> Tensor");
+  // input * rsqrt(mean(input^2, -1) + eps) * (weight + weight_offset), over the last dimension; the offset
+  // is added in f32 (Gemma stores w and scales by 1 + w).
+  // Autocast: as F.rms_norm, as is on the CPU (in no CPU list), float32 on CUDA (autocast's fp32 list).
+  define(m, "rms_norm(Tensor input, Tensor? weight=None, float eps=1e-06, float weight_offset=0.0) -> Tensor",
+         AutocastPolicy{Cast::kAsIs, Cast::kFloat32});
   // Internal, for autograd: out plus each row's rstd (shape input.shape[:-1]; float32, float64 for float64).
   define(m, "_rms_norm_forward(Tensor input, Tensor? weight, float eps=1e-06, float weight_offset=0.0) "
             "-> (Tensor out, Tensor rstd)");
@@ -51,9 +126,13 @@ TORCH_LIBRARY(myns, m) {
   // asked for is a [0]-shaped placeholder. The offset enters grad_input only.
   define(m, "_rms_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor rstd, bool input_grad, "
             "bool weight_grad, float weight_offset=0.0) -> (Tensor grad_input, Tensor grad_weight)");
-  // residual_out = input + residual (rounded to input's dtype), out = rms_norm(residual_out, ...), in one pass.
+  // residual_out = input + residual (rounded to input's dtype); out = rms_norm(residual_out, weight, eps,
+  // weight_offset), in one pass.
+  // Autocast: input + residual follows add (promote: a bf16 block output added to an f32 residual stream),
+  // then rms_norm's CUDA policy.
   define(m, "add_rms_norm(Tensor input, Tensor residual, Tensor? weight=None, float eps=1e-06, "
-            "float weight_offset=0.0) -> (Tensor out, Tensor residual_out)");
+            "float weight_offset=0.0) -> (Tensor out, Tensor residual_out)",
+         AutocastPolicy{Cast::kPromote, Cast::kFloat32});
   // Internal, for autograd: add_rms_norm's outputs plus each row's rstd.
   define(m, "_add_rms_norm_forward(Tensor input, Tensor residual, Tensor? weight, float eps=1e-06, "
             "float weight_offset=0.0) -> (Tensor out, Tensor residual_out, Tensor rstd)");

@@ -1,11 +1,16 @@
-"""torch.autocast: each op follows its native counterpart's cast policy (csrc/autocast.cpp).
+"""torch.autocast: each op follows the cast policy its definition declares (csrc/ops.cpp, applied by
+csrc/autocast.cpp), which is its native counterpart's.
 
-vector_add/vector_add_out/swiglu promote like add/mul; rms_norm is left as is on CPU and runs in float32 on
-CUDA, like F.rms_norm; csr_spmm runs in autocast's dtype, like torch.sparse.mm. Eager, torch.compile
-(fullgraph) and torch.export, on CPU and (skipped without a GPU) CUDA.
+The declared policies are read from the library (torchops._C.declarations()), never from a copy here: each
+is checked against the kernels registered and against torch's own rule for that policy (what torch.add,
+torch.mm or an op in autocast's fp32 list does under autocast) on op_db's samples. Then the counterparts
+themselves: vector_add/swiglu like add/mul, rms_norm like F.rms_norm, csr_spmm like torch.sparse.mm;
+eager, torch.compile (fullgraph) and torch.export, on CPU and (skipped without a GPU) CUDA.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -13,47 +18,133 @@ import torch.nn.functional as F
 
 import torchops
 from helpers import DEVICES, random_tensor, requires_cuda
-
-# The expected policy of every public op, per device: "promote", "float32", "lower" (autocast's dtype) or
-# "as is". A new public op must be added here (test_every_public_op_has_a_policy) and to csrc/autocast.cpp.
-POLICIES: dict[str, dict[str, str]] = {
-    "vector_add": {"cpu": "promote", "cuda": "promote"},
-    "vector_add_out": {"cpu": "promote", "cuda": "promote"},
-    "swiglu": {"cpu": "promote", "cuda": "promote"},
-    "rms_norm": {"cpu": "as is", "cuda": "float32"},
-    "add_rms_norm": {"cpu": "promote", "cuda": "float32"},
-    "csr_spmm": {"cpu": "lower", "cuda": "lower"},
-    "_csr_spmm_with_transpose": {"cpu": "lower", "cuda": "lower"},  # torchops.spmm's eager path
-}
-# Internal helpers the public ops' kernels call with their arguments already cast, and backward ops, which
-# autograd runs in the dtypes the forward chose: autocast falls through for them.
-NO_AUTOCAST_PREFIXES = ("_",)
-NO_AUTOCAST_SUFFIXES = ("_backward",)
+from op_db import OPS_BY_NAME
 
 AUTOCAST_KEY = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
+DEVICE_INDEX = {"cpu": 0, "cuda": 1}
+LOW = torch.bfloat16
 
 
 def myns_ops() -> list[str]:
     return sorted(name.removeprefix("myns::") for name in torch._C._dispatch_get_all_op_names() if name.startswith("myns::"))
 
 
-def test_every_public_op_has_a_policy() -> None:
-    public = {name for name in myns_ops()
-              if not name.startswith(NO_AUTOCAST_PREFIXES) and not name.endswith(NO_AUTOCAST_SUFFIXES)}
-    assert public <= set(POLICIES), f"give these ops an autocast policy: {sorted(public - set(POLICIES))}"
+def is_public(name: str) -> bool:
+    """Ops a user calls, which must declare a policy. Internal helpers (leading underscore) are called by the
+    public ops' kernels with their arguments already cast, backward ops by autograd in the dtypes the
+    forward chose: they declare one only when a wrapper calls them directly (torchops.spmm's eager path)."""
+    return not name.startswith("_") and not name.endswith("_backward")
+
+
+def declared_policy(name: str, device: str) -> str | None:
+    """The policy op `name`'s definition declares for `device`; None when it declares none."""
+    declared = torchops._C.declarations().get(name, {}).get("autocast")
+    return None if declared is None else declared[DEVICE_INDEX[device]]
+
+
+def ops_without_a_policy() -> list[str]:
+    return [name for name in myns_ops() if is_public(name) and declared_policy(name, "cpu") is None]
+
+
+def test_every_public_op_declares_a_policy() -> None:
+    assert not ops_without_a_policy(), "declare an autocast policy in define() (csrc/ops.cpp) for these ops"
+
+
+def test_declared_policies_are_known() -> None:
+    for name in myns_ops():
+        for device in AUTOCAST_KEY:
+            assert declared_policy(name, device) in (None, "as is", "promote", "float32", "lower precision")
 
 
 @pytest.mark.parametrize("name", myns_ops())
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_autocast_kernels_registered_as_the_policy_says(name: str, device: str) -> None:
-    policy = POLICIES.get(name, {}).get(device, "as is")
+def test_autocast_kernels_registered_as_declared(name: str, device: str) -> None:
+    policy = declared_policy(name, device) or "as is"
     has = torch._C._dispatch_has_kernel_for_dispatch_key(f"myns::{name}", AUTOCAST_KEY[device])
     assert has == (policy != "as is"), f"{name} on {device}: policy {policy}, kernel registered: {has}"
 
 
 def test_no_dangling_registrations() -> None:
-    # A policy row for an op the library does not define would leave a kernel without a schema.
+    # An autocast kernel for an op the library does not define would be a kernel without a schema.
     assert not [impl for impl in torch._C._dispatch_find_dangling_impls() if "myns::" in impl]
+
+
+# ------------------------------------------------------------------------------- torch's rule per policy
+# What torch itself does under autocast to floating inputs of the given dtypes, per policy, observed on a
+# torch op that has the policy: None means "left as they are".
+
+
+def _torch_target(policy: str, device: str, dtypes: list[torch.dtype]) -> torch.dtype | None:
+    one = lambda dtype: torch.ones(1, dtype=dtype, device=device)  # noqa: E731
+    with torch.autocast(device, dtype=LOW):
+        if policy == "promote":  # add is in no autocast list: type promotion settles it
+            return functools.reduce(torch.add, [one(d) for d in dtypes]).dtype
+        if policy == "lower precision":  # mm is in every device's lower-precision list
+            return torch.mm(one(dtypes[0]).view(1, 1), one(dtypes[-1]).view(1, 1)).dtype
+        if policy == "float32":  # mse_loss is in every device's fp32 list
+            return F.mse_loss(one(dtypes[0]), one(dtypes[0])).dtype
+    assert policy == "as is", policy
+    return None
+
+
+def _eligible(x: object, device: str) -> bool:
+    """What autocast casts: floating tensors on its device other than float64."""
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.device.type == device and x.dtype != torch.float64
+
+
+def _mixed(args: tuple, written: int | None, device: str) -> tuple:
+    """The sample's arguments with the first eligible tensor in autocast's dtype, the others float32."""
+    out, first = [], True
+    for i, a in enumerate(args):
+        if i != written and _eligible(a, device):
+            a = a.detach().to(LOW if first else torch.float32)
+            first = False
+        elif isinstance(a, torch.Tensor):
+            a = a.detach().clone()
+        out.append(a)
+    return tuple(out)
+
+
+def _outcome(op, args: tuple, written: int | None):
+    """The op's outputs (the written argument for out= ops), or its error message."""
+    try:
+        result = op(*args)
+    except RuntimeError as e:
+        return str(e)
+    if written is not None:
+        return (args[written],)
+    return result if isinstance(result, tuple) else (result,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", [n for n in myns_ops() if declared_policy(n, "cpu") is not None])
+def test_declared_policy_follows_torchs_rule(name: str, device: str) -> None:
+    """Under autocast, the op gives exactly what it gives outside autocast on its inputs cast as torch's
+    rule for the declared policy casts them."""
+    policy = declared_policy(name, device)
+    info = OPS_BY_NAME[name]
+    written = info.mutated_arg
+    checked = 0
+    for sample in info.sample_inputs(device, torch.float32, False)[:4]:
+        args = _mixed(sample.args, written, device)
+        dtypes = [a.dtype for i, a in enumerate(args) if i != written and _eligible(a, device)]
+        if not dtypes:
+            continue
+        target = _torch_target(policy, device, dtypes)
+        cast = tuple(a.to(target) if target is not None and i != written and _eligible(a, device) else a
+                     for i, a in enumerate(args))
+        expected = _outcome(info.op, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in cast), written)
+        with torch.autocast(device, dtype=LOW):
+            got = _outcome(info.op, args, written)
+        if isinstance(expected, str):
+            assert got == expected, f"{sample.desc}: {policy}"
+        else:
+            assert not isinstance(got, str), f"{sample.desc}: {policy}: raised {got}"
+            for g, e in zip(got, expected, strict=True):
+                assert g.dtype == e.dtype, f"{sample.desc}: {policy}: {g.dtype} != {e.dtype}"
+                torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True, msg=f"{sample.desc}: {policy}")
+        checked += 1
+    assert checked, f"no op_db sample of {name} has a tensor autocast could cast"
 
 
 def _mlp_inputs(device: str):
