@@ -52,12 +52,56 @@ def test_every_myns_op_has_a_sharding_rule():
     ops = sorted(n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("myns::"))
     assert "rms_norm" in ops and "csr_spmm" in ops
     missing = [n for n in ops if n not in td.sharding_rule_ops()]
-    assert not missing, f"myns ops without a DTensor sharding rule: {missing}"
+    assert not missing, f"myns ops without a DTensor sharding rule (declare them Pointwise, or add a _RULES row): {missing}"
     registered = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
     for name in ops:
         packet = getattr(torch.ops.myns, name)
         for overload in packet.overloads():
             assert getattr(packet, overload) in registered, f"myns::{name}.{overload} has no registered strategy"
+
+
+def test_pointwise_ops_need_no_row():
+    # The elementwise ops get their rule from their definition (Pointwise in csrc/ops.cpp), not from _RULES.
+    import torchops.distributed as td
+
+    for name in ("vector_add", "vector_add_out", "swiglu", "swiglu_backward"):
+        assert name not in td._RULES
+        assert torch.Tag.pointwise in getattr(torch.ops.myns, name).default.tags
+        assert td.rule_factory(getattr(torch.ops.myns, name).default) is td._pointwise
+    assert torchops_declarations()["vector_add"]["linear_in"] == ("a", "b")
+    assert torchops_declarations()["swiglu"]["linear_in"] == ()
+
+
+def torchops_declarations() -> dict:
+    import torchops
+
+    return torchops._C.declarations()
+
+
+def test_a_new_op_gets_the_pointwise_rule_or_is_reported():
+    # A throwaway pointwise schema is given the generic rule (Shard/Replicate alike on every tensor, no
+    # Partial: it declares no linearity) and registered; one that is neither pointwise nor in _RULES is
+    # reported by the check above.
+    import types
+
+    import torchops.distributed as td
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    lib = torch.library.Library("myns", "FRAGMENT")  # noqa: TOR901
+    try:
+        lib.define("sharding_probe(Tensor x, Tensor y) -> Tensor", tags=(torch.Tag.pointwise,))
+        lib.define("sharding_probe_plain(Tensor x) -> Tensor")
+        probe, plain = torch.ops.myns.sharding_probe.default, torch.ops.myns.sharding_probe_plain.default
+        assert td.rule_factory(probe) is td._pointwise and td.rule_factory(plain) is None
+        assert "sharding_probe" in td.sharding_rule_ops() and "sharding_probe_plain" not in td.sharding_rule_ops()
+        spec = types.SimpleNamespace(shape=torch.Size((4, 6)), placements=(Replicate(),))
+        rules = td.rule_factory(probe)(probe)(spec, spec)
+        assert ([Shard(1)], [Shard(1), Shard(1)]) in rules and ([Replicate()], [Replicate(), Replicate()]) in rules
+        assert not any(Partial() in outs for outs, _ in rules)
+        td.register_sharding_rules()
+        assert probe in DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    finally:
+        lib._destroy()
 
 
 def test_import_torchops_leaves_dtensor_unimported():

@@ -9,11 +9,13 @@ parallelism (``parallelize_module``) and FSDP2 (``fully_shard``): forward, backw
 The rules, per op (on each mesh dimension; DTensor picks the cheapest rule for the inputs it is given and
 redistributes the inputs that don't match it):
 
-- ``vector_add``, ``swiglu``, ``swiglu_backward``: every input ``Shard(d)`` (any d) or every input
-  ``Replicate`` -> the same on the outputs. Linear in an input, ``Partial`` passes through: ``vector_add`` of
-  two ``Partial`` inputs, and ``swiglu_backward`` with ``grad_out`` ``Partial`` (gate and up ``Replicate``).
-  ``vector_add_out`` writes into ``out`` as it is placed: ``a`` and ``b`` are redistributed to ``out``'s
-  placements, ``out`` never is.
+- Pointwise ops (declared ``Pointwise`` in csrc/ops.cpp, so tagged ``torch.Tag.pointwise``: ``vector_add``,
+  ``swiglu``, ``swiglu_backward``, ...) need no rule of their own: every input ``Shard(d)`` (any d) or every
+  input ``Replicate`` -> the same on the outputs; where the definition declares the op linear in some
+  inputs, ``Partial`` passes through them (``vector_add`` of two ``Partial`` inputs, ``swiglu_backward``
+  with ``grad_out`` ``Partial``, the others ``Replicate``). A pointwise op that writes an argument
+  (``vector_add_out``) writes it as it is placed: the other inputs are redistributed to its placements,
+  it never is.
 - ``rms_norm``, ``_rms_norm_forward``, ``add_rms_norm``, ``_add_rms_norm_forward`` and their backward ops:
   ``Shard(d)`` on any dimension but the last (the normalised one) -> the same on the outputs and on ``rstd``;
   a ``Shard`` of the last dimension is redistributed (every rule shards another dimension or replicates);
@@ -129,20 +131,33 @@ def _elementwise(op: torch._ops.OpOverload, n_out: int, linear: Sequence[str] | 
     return rule
 
 
-def _vector_add_out(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
-    # The op writes `out` in place, so `out` must keep its placements (DTensor would otherwise write into a
-    # redistributed copy): a rule per placement `out` has, a and b follow it. On a mesh of several
-    # dimensions the rules combine across dimensions; _keep_mutated_placements drops the combinations
-    # that would move `out`.
+def _written_keeps_placement(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    # A pointwise op writing one argument in place (out=): that argument must keep its placements (DTensor
+    # would otherwise write into a redistributed copy): a rule per placement it has, the other tensors
+    # follow it. On a mesh of several dimensions the rules combine across dimensions;
+    # _keep_mutated_placements drops the combinations that would move it.
+    written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if len(written) != 1 or op._schema.returns:
+        raise AssertionError(f"{op}: the generic pointwise rule handles one written argument and no return")
+
     def rule(*a: Any, **k: Any) -> list[Strategy]:
         args = _Args(op, a, k)
         seen: list[Placement] = []
-        for p in args["out"].placements:
+        for p in args[written[0]].placements:
             if p not in seen:
                 seen.append(p)
-        return [([], args.placements({"a": p, "b": p, "out": p})) for p in seen]
+        return [([], args.placements({n: p for n in _tensors(args)})) for p in seen]
 
     return rule
+
+
+def _pointwise(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """The rule of every op tagged pointwise, from what its definition declares (torchops._C.declarations())."""
+    if op._schema.is_mutable:
+        return _written_keeps_placement(op)
+    declared = torchops._C.declarations().get(_name(op), {})
+    linear = declared.get("linear_in") or None
+    return _elementwise(op, len(op._schema.returns), linear)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -259,15 +274,9 @@ def _replicate_only(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
     return rule
 
 
-# The rule for each op, by name: every myns op must be here (tests check the registered schemas against it).
-# Ops that don't exist in this build are skipped.
+# The rules of the ops that are not pointwise, by name (pointwise ops get _pointwise); a test fails for a
+# myns op with neither.
 _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]]]] = {
-    "vector_add": lambda op: _elementwise(op, 1, linear=("a", "b")),
-    "vector_add_out": _vector_add_out,
-    "swiglu": lambda op: _elementwise(op, 1, linear=None),
-    "swiglu_backward": lambda op: _elementwise(op, 2, linear=("grad_out",)),
-    "gelu_and_mul": lambda op: _elementwise(op, 1, linear=None),
-    "gelu_and_mul_backward": lambda op: _elementwise(op, 2, linear=("grad_out",)),
     "rms_norm": lambda op: _norm_forward(op, ("row",)),
     "_rms_norm_forward": lambda op: _norm_forward(op, ("row", "stat")),
     "_rms_norm_backward": _norm_backward,
@@ -281,9 +290,27 @@ _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]
 }
 
 
+def _name(op: torch._ops.OpOverload) -> str:
+    return op._schema.name.split("::", 1)[1]
+
+
+def rule_factory(op: torch._ops.OpOverload) -> Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]]] | None:
+    """What makes ``op``'s sharding rule: its ``_RULES`` row, else the pointwise rule when it is tagged
+    pointwise, else None (no rule)."""
+    if _name(op) in _RULES:
+        return _RULES[_name(op)]
+    if torch.Tag.pointwise in op.tags:
+        return _pointwise
+    return None
+
+
+def _myns_ops() -> list[str]:
+    return sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("myns::"))
+
+
 def sharding_rule_ops() -> list[str]:
-    """The names of the myns ops that have a sharding rule (whether or not this build defines them)."""
-    return list(_RULES)
+    """The names of the registered myns ops that have a sharding rule (a ``_RULES`` row, or pointwise)."""
+    return [name for name in _myns_ops() if all(rule_factory(op) is not None for op in _myns_overloads(name))]
 
 
 def _myns_overloads(name: str) -> list[torch._ops.OpOverload]:
@@ -342,21 +369,22 @@ def _keep_mutated_placements(op: torch._ops.OpOverload) -> None:
     funcs[op] = strategy
 
 
-_registered = False
+_registered: set[torch._ops.OpOverload] = set()
 
 
 def register_sharding_rules() -> None:
-    """Registers the DTensor sharding rule of every myns op (see the module docstring). Idempotent."""
-    global _registered
-    if _registered:
-        return
-    for name, make_rule in _RULES.items():
+    """Registers the DTensor sharding rule of every myns op that has one and has none registered yet (see
+    the module docstring). Idempotent; call it again after defining more myns ops."""
+    for name in _myns_ops():
         for op in _myns_overloads(name):
+            make_rule = rule_factory(op)
+            if make_rule is None or op in _registered:
+                continue
             register_sharding(op)(make_rule(op))
             _cache_every_scalar(op)
             if op._schema.is_mutable:
                 _keep_mutated_placements(op)
-    _registered = True
+            _registered.add(op)
 
 
 register_sharding_rules()
