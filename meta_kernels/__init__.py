@@ -1,7 +1,14 @@
 """Fake (meta) kernels for every torch.ops.myns operator, so torch.compile and torch.export can trace them.
 
 The C++ library names this package (``set_python_module``) as the home of its fake kernels; the
-registrations must therefore live inside it. One module per op.
+registrations must therefore live inside it. One module per op group (``meta_kernels/<op>.py``), each
+imported here by discovery: a new module needs no edit of this file. Modules starting with an underscore
+are helpers (``_checks``), imported by the others.
 """
 
-from meta_kernels import csr_spmm, rms_norm, swiglu, vector_add  # noqa: F401
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")

@@ -14,12 +14,12 @@ _C = _native.load()  # registers the myns schemas and the CPU/CUDA/Autograd kern
 
 import meta_kernels  # noqa: E402,F401  fake kernels for torch.compile / torch.export
 
-from torchops import nn  # noqa: E402
+from torchops import nn, ops  # noqa: E402
 from torchops._after_import import after_import  # noqa: E402
-from torchops.ops import add_rms_norm, csr_spmm, rms_norm, spmm, swiglu, vector_add  # noqa: E402
+from torchops.ops import *  # noqa: E402,F403  every wrapper in ops.__all__: a new one needs no edit here
 
-__all__ = ["add_rms_norm", "build_info", "cmake_prefix_path", "csr_spmm", "library_path", "nn", "rms_norm", "spmm",
-           "swiglu", "vector_add"]
+__all__ = ["build_info", "cmake_prefix_path", "library_path", "nn"]
+__all__ += ops.__all__  # the form type checkers follow
 
 
 def _load_sharding_rules() -> None:
