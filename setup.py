@@ -69,6 +69,19 @@ def _arch_list() -> str:
 GENERATED_DIR = os.path.join(ROOT, "build", "generated")
 
 
+def _write_ops_header() -> None:
+    # <torchops/ops.h> (C++ entry points of the public ops) is generated from csrc/ops.cpp's schemas, so a
+    # new op needs no hand-written C++ entry; it is written before setup() collects package data, so
+    # wheels and the CMake package (torchops/include) hold it too.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_ops_header", os.path.join(ROOT, "scripts", "gen_ops_header.py"))
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    if generator.write_header():
+        _log(f"generated {os.path.relpath(generator.HEADER, ROOT)} from csrc/ops.cpp")
+
+
 def _write_build_info(info: dict[str, object]) -> None:
     # torchops/_build_info.json is read at import time *before* loading _C, so a torch mismatch is
     # reported plainly instead of as an undefined-symbol error. The header bakes the same facts into _C
@@ -137,6 +150,7 @@ def _extensions() -> list:
 
     info = {"torch": torch.__version__, "cuda": cuda_version, "archs": archs, "with_cuda": with_cuda}
     _write_build_info(info)
+    _write_ops_header()
 
     debug_link = ["-g"] if DEBUG else []
     kind = CUDAExtension if with_cuda else CppExtension

@@ -5,6 +5,7 @@ README alone) run the ops, AOTInductor packages and TorchScript modules that cal
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,30 @@ def test_library_loaded_once(order: str) -> None:
         a = torch.randn(5)
         torch.testing.assert_close(torchops.vector_add(a, a), 2 * a)
     """)
+
+
+def test_header_is_generated_from_the_schemas() -> None:
+    """<torchops/ops.h> is what scripts/gen_ops_header.py makes of csrc/ops.cpp now (the build writes it), with an
+    entry point for exactly the public schemas, their defaults, and each doc comment from above its define()."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_ops_header", os.path.join(REPO_ROOT, "scripts", "gen_ops_header.py"))
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    with open(os.path.join(REPO_ROOT, "csrc", "ops.cpp")) as f:
+        source = f.read()
+    header = os.path.join(os.path.dirname(torchops.__file__), "include", "torchops", "ops.h")
+    with open(header) as f:
+        text = f.read()
+    assert text == generator.header_text(source), "stale header: rebuild (setup.py regenerates it)"
+    defined = [torch._C.parse_schema(op.schema).name for op in generator.defined_ops(source)]
+    registered = {n.removeprefix("myns::") for n in torch._C._dispatch_get_all_op_names() if n.startswith("myns::")}
+    assert set(defined) == registered, "csrc/ops.cpp's define() calls and the registered schemas differ"
+    public = [n for n in defined if generator.is_public(n)]
+    assert "rms_norm" in public and "_rms_norm_forward" not in public and "swiglu_backward" not in public
+    assert re.findall(r"^inline [^\n]*? (\w+)\(", text, flags=re.MULTILINE) == public
+    assert "const std::optional<at::Tensor>& weight = std::nullopt,\n    double eps = 1e-06," in text
+    assert "// silu(gate) * up.\n// Schema: swiglu(Tensor gate, Tensor up) -> Tensor\ninline at::Tensor swiglu(" in text
 
 
 def test_cmake_prefix_path_holds_the_package() -> None:

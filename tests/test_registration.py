@@ -1,11 +1,14 @@
 """Registration audit: every myns op has an OpInfo, a schema tagged pt2_compliant, CPU and fake kernels,
 a CUDA kernel when built with CUDA, and an Autograd kernel (differentiable or refusing, never the
-silent fallback). The op list comes from the dispatcher, never from a list in this file, so a new schema
-is audited the moment it is registered (test_the_audit_sees_a_new_schema proves it)."""
+silent fallback); and what is derived from its definition in csrc/ops.cpp: a DTensor sharding rule
+(pointwise, or a row in torchops.distributed), and for public ops an autocast policy and a C++ entry point
+in the generated <torchops/ops.h>. The op list comes from the dispatcher, never from a list in this file, so
+a new schema is audited the moment it is registered (test_the_audit_sees_a_new_schema proves it)."""
 
 from __future__ import annotations
 
 import collections.abc
+import os
 import re
 
 import pytest
@@ -34,6 +37,34 @@ def missing_kernels(qualname: str) -> list[str]:
     return missing
 
 
+def is_public(name: str) -> bool:
+    return not name.startswith("_") and not name.endswith("_backward")
+
+
+def header_entries() -> set[str]:
+    """The ops the generated C++ header <torchops/ops.h> has an entry point for."""
+    header = os.path.join(os.path.dirname(torchops.__file__), "include", "torchops", "ops.h")
+    with open(header) as f:
+        return set(re.findall(r"^inline [^\n]*? (\w+)\(", f.read(), flags=re.MULTILINE))
+
+
+def missing_derivations(qualname: str) -> list[str]:
+    """What the audit finds missing among the things derived from an op's definition: empty when complete."""
+    import torchops.distributed as td  # imports torch.distributed.tensor: only here
+
+    name = qualname.removeprefix("myns::")
+    packet = getattr(torch.ops.myns, name)
+    missing = []
+    if any(td.rule_factory(getattr(packet, o)) is None for o in packet.overloads()):
+        missing.append("DTensor sharding rule (Pointwise in define(), else a row in torchops/distributed.py)")
+    if is_public(name):
+        if torchops._C.declarations().get(name, {}).get("autocast") is None:
+            missing.append("autocast policy (define() in csrc/ops.cpp)")
+        if name not in header_entries():
+            missing.append("C++ entry point (define() in csrc/ops.cpp, then a build)")
+    return missing
+
+
 def untabled_ops() -> set[str]:
     """Registered myns ops without an OpInfo in op_db."""
     return {name.removeprefix("myns::") for name in myns_ops()} - set(OPS_BY_NAME)
@@ -46,23 +77,36 @@ def test_every_op_is_in_the_test_table() -> None:
     assert set(OPS_BY_NAME) <= names, "op_db names ops that are not registered"
 
 
-@pytest.fixture
-def probe_op() -> collections.abc.Iterator[str]:
-    """A throwaway schema in the myns namespace with only a CPU kernel: what a half-added op looks like."""
+@pytest.fixture(params=["audit_probe", "_audit_probe"])
+def probe_op(request) -> collections.abc.Iterator[str]:
+    """A throwaway schema in the myns namespace with only a CPU kernel, defined outside csrc/ops.cpp: what a
+    half-added op looks like (public, or internal)."""
     lib = torch.library.Library("myns", "FRAGMENT")
     try:
-        lib.define("_audit_probe(Tensor x) -> Tensor")
-        lib.impl("_audit_probe", lambda x: x.clone(), "CPU")
-        yield "myns::_audit_probe"
+        lib.define(f"{request.param}(Tensor x) -> Tensor")
+        lib.impl(request.param, lambda x: x.clone(), "CPU")
+        yield f"myns::{request.param}"
     finally:
         lib._destroy()  # the op is gone again for every later test in this process
 
 
 def test_the_audit_sees_a_new_schema(probe_op: str) -> None:
+    name = probe_op.removeprefix("myns::")
     assert probe_op in myns_ops()
-    assert untabled_ops() == {"_audit_probe"}
+    assert untabled_ops() == {name}
     assert "Autograd" in missing_kernels(probe_op) and "fake (meta_kernels)" in missing_kernels(probe_op)
     assert missing_kernels(probe_op)[0] != "CPU"
+    missing = missing_derivations(probe_op)
+    assert missing[0].startswith("DTensor sharding rule")
+    if is_public(name):
+        assert [m.split(" (")[0] for m in missing[1:]] == ["autocast policy", "C++ entry point"]
+    else:
+        assert len(missing) == 1
+
+
+@pytest.mark.parametrize("qualname", myns_ops())
+def test_derived_from_the_definition(qualname: str) -> None:
+    assert not missing_derivations(qualname), f"{qualname}: missing {missing_derivations(qualname)}"
 
 
 @pytest.mark.parametrize("qualname", myns_ops())
