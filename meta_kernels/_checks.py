@@ -1,8 +1,16 @@
-"""Shape/dtype/device checks of the fake kernels, mirroring csrc/common/checks.h message for message."""
+"""The argument errors of the myns ops: one table of messages, and the fake kernels' checks that format it.
+
+MESSAGES holds every argument error a myns op raises, by key. The C++ checks (csrc/common/checks.cpp,
+norm.cpp, csr.cpp) raise the same text (tests/test_messages.py compares them on every error input of
+tests/op_db.py, which names its expected errors by key and fields, never by re-typed text); the fake kernels
+format it here. A new check adds its template here, formats it in the fake kernel with check(), and in C++
+with TORCHOPS_CHECK.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -28,8 +36,69 @@ def _dtype_name(dtype: torch.dtype) -> str:
     }.get(dtype, str(dtype))
 
 
-def check(cond: bool, op: str, msg: str) -> None:
-    torch._check(cond, lambda: f"myns::{op}: {msg}")
+# Fields are spelled as C++ prints them (_spell): dtypes as c10::toString, shapes as [4, 8], devices as cuda:0.
+MESSAGES: dict[str, str] = {
+    # every op (csrc/common/checks.cpp)
+    "defined": "{x} must be a defined tensor",
+    "dtype_in": "{x} has unsupported dtype {dtype}; supported: {supported}",
+    "same_shape": "{x} and {y} must have the same shape, got {x_shape} and {y_shape}",
+    "same_dtype": "{x} and {y} must have the same dtype, got {x_dtype} and {y_dtype}",
+    "same_device": "{x} and {y} must be on the same device, got {x_device} and {y_device}",
+    # out= ops (checks.cpp; the Autograd kernels: common/autograd_utils.h); the fake kernels can't decide overlap
+    "internal_overlap": "{x} has internal overlap (several elements share memory, e.g. an expanded tensor); "
+                        "it cannot be written",
+    "partial_overlap": "{x} partially overlaps {y} (they share memory but are not the same view); pass the same "
+                       "tensor or a non-overlapping one",
+    "out_requires_grad": "out= variants don't support automatic differentiation, but {x} requires grad; use the "
+                         "functional op instead",
+    # row normalisation (csrc/common/norm.cpp)
+    "at_least_1d": "{x} must have at least 1 dimension, got a 0-dim tensor",
+    "normalised_dim_empty": "{x}'s last dimension (the normalised one) must be at least 1, got shape {shape}",
+    "offset_without_weight": "weight_offset is non-zero but weight is None; pass a weight (ones to scale by 1 + "
+                             "weight_offset)",
+    "weight_shape": "weight must be 1-D of size {n} ({x}'s last dimension), got shape {shape}",
+    "weight_dtype": "weight must have {x}'s dtype ({dtype}), got {weight_dtype}",
+    "weight_dtype_or_float": "weight must have {x}'s dtype ({dtype}) or Float, got {weight_dtype}",
+    "stat_shape_dtype": "{stat} must have shape {shape} ({x}'s leading dimensions) and dtype {dtype}, got shape "
+                        "{got_shape} and dtype {got_dtype}",
+    "weight_grad_without_weight": "weight_grad is true but weight is None",
+    # CSR (csrc/common/csr.cpp)
+    "one_d": "{x} must be 1-D, got shape {shape}",
+    "two_d": "{x} must be 2-D, got shape {shape}",
+    "crow_empty": "{x} must hold M + 1 >= 1 entries, got none",
+    "nnz_mismatch": "col_indices and values must have the same length (nnz), got {col} and {values}",
+    "grad_out_rows": "grad_out must have crow_indices.numel() - 1 = {m} rows, got {rows}",
+    "grad_out_columns": "grad_out and dense must have the same number of columns, got {x_columns} and {y_columns}",
+    "t_crow_size": "t_crow_indices must hold K + 1 = {k_plus_1} entries (K = dense.size(0)), got {got}",
+    "t_nnz": "t_col_indices and t_perm must hold nnz = {nnz} entries, got {t_col} and {t_perm}",
+    "negative_K": "K must be non-negative, got {K}",
+    # CSR structure: read from the indices, so raised by the CPU kernels only (csr.cpp) and
+    # torchops.csr_spmm(check_invariants=True), never by fake kernels (no data)
+    "crow_first": "crow_indices[0] must be 0, got {got}",
+    "crow_decreasing": "crow_indices must be non-decreasing, got crow_indices[{i}] = {a} > crow_indices[{j}] = {b}",
+    "crow_last": "crow_indices[-1] must equal nnz = {nnz} (the length of col_indices), got {got}",
+    "col_out_of_range": "col_indices must lie in [0, K) with K = {K}, got col_indices[{p}] = {got}",
+}
+
+
+def _spell(value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        return _dtype_name(value)
+    if isinstance(value, (list, tuple, torch.Size)):
+        if value and all(isinstance(v, torch.dtype) for v in value):
+            return ", ".join(_dtype_name(v) for v in value)
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def message(op: str, key: str, **fields: Any) -> str:
+    """The full text of error `key` of op `op` (``myns::<op>: ...``), its fields spelled as C++ prints them."""
+    return f"myns::{op}: " + MESSAGES[key].format(**{k: _spell(v) for k, v in fields.items()})
+
+
+def check(cond: bool, op: str, key: str, **fields: Any) -> None:
+    """Raises error `key` (see MESSAGES) unless `cond`; formatted only when it fails."""
+    torch._check(cond, lambda: message(op, key, **fields))
 
 
 # (name, tensor) pairs, as NamedTensor in checks.h.
@@ -37,17 +106,15 @@ Named = tuple[str, torch.Tensor]
 
 
 def same_device(op: str, x: Named, y: Named) -> None:
-    check(x[1].device == y[1].device, op, f"{x[0]} and {y[0]} must be on the same device, got {x[1].device} and {y[1].device}")
+    check(x[1].device == y[1].device, op, "same_device", x=x[0], y=y[0], x_device=x[1].device, y_device=y[1].device)
 
 
 def same_dtype(op: str, x: Named, y: Named) -> None:
-    check(x[1].dtype == y[1].dtype, op,
-          f"{x[0]} and {y[0]} must have the same dtype, got {_dtype_name(x[1].dtype)} and {_dtype_name(y[1].dtype)}")
+    check(x[1].dtype == y[1].dtype, op, "same_dtype", x=x[0], y=y[0], x_dtype=x[1].dtype, y_dtype=y[1].dtype)
 
 
 def dtype_in(op: str, t: Named, dtypes: Sequence[torch.dtype]) -> None:
-    check(t[1].dtype in dtypes, op,
-          f"{t[0]} has unsupported dtype {_dtype_name(t[1].dtype)}; supported: {', '.join(_dtype_name(d) for d in dtypes)}")
+    check(t[1].dtype in dtypes, op, "dtype_in", x=t[0], dtype=t[1].dtype, supported=tuple(dtypes))
 
 
 def check_elementwise(op: str, tensors: Sequence[Named], dtypes: Sequence[torch.dtype]) -> None:
@@ -58,7 +125,6 @@ def check_elementwise(op: str, tensors: Sequence[Named], dtypes: Sequence[torch.
         same_dtype(op, first, t)
         check(
             first[1].dim() == t[1].dim() and all(x == y for x, y in zip(first[1].shape, t[1].shape)),
-            op,
-            f"{first[0]} and {t[0]} must have the same shape, got {list(first[1].shape)} and {list(t[1].shape)}",
+            op, "same_shape", x=first[0], y=t[0], x_shape=list(first[1].shape), y_shape=list(t[1].shape),
         )
     dtype_in(op, first, dtypes)

@@ -1,5 +1,5 @@
 """Fake kernels for myns::csr_spmm and its backward helpers (_csr_spmm_with_transpose, _csr_sddmm,
-_csr_transpose), with the checks of csrc/common/csr.cpp, message for message and in the same order.
+_csr_transpose), with the checks of csrc/common/csr.cpp in the same order (messages: meta_kernels._checks.MESSAGES).
 
 The output sizes are symbolic where the inputs' are: M = crow_indices.numel() - 1, N = dense.size(1),
 nnz = col_indices.numel(). The CSR structure itself (values of the index tensors) is not checked here:
@@ -16,7 +16,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _one_d(op: str, t: tuple[str, torch.Tensor]) -> None:
-    check(t[1].dim() == 1, op, f"{t[0]} must be 1-D, got shape {list(t[1].shape)}")
+    check(t[1].dim() == 1, op, "one_d", x=t[0], shape=list(t[1].shape))
 
 
 def check_csr_indices(op: str, crow: tuple[str, torch.Tensor], col: tuple[str, torch.Tensor],
@@ -25,14 +25,14 @@ def check_csr_indices(op: str, crow: tuple[str, torch.Tensor], col: tuple[str, t
     same_device(op, device_of, col)
     _one_d(op, crow)
     _one_d(op, col)
-    check(crow[1].numel() >= 1, op, f"{crow[0]} must hold M + 1 >= 1 entries, got none")
+    check(crow[1].numel() >= 1, op, "crow_empty", x=crow[0])
     dtype_in(op, crow, INDEX_DTYPES)
     same_dtype(op, crow, col)
 
 
 def check_csr_matrix(op: str, t: tuple[str, torch.Tensor], device_of: tuple[str, torch.Tensor]) -> None:
     same_device(op, device_of, t)
-    check(t[1].dim() == 2, op, f"{t[0]} must be 2-D, got shape {list(t[1].shape)}")
+    check(t[1].dim() == 2, op, "two_d", x=t[0], shape=list(t[1].shape))
     dtype_in(op, t, FLOAT_DTYPES)
 
 
@@ -42,8 +42,7 @@ def check_csr_spmm_args(op: str, crow: torch.Tensor, col: torch.Tensor, values: 
     check_csr_indices(op, ("crow_indices", crow), ("col_indices", col), v)
     _one_d(op, v)
     dtype_in(op, v, FLOAT_DTYPES)
-    check(col.numel() == values.numel(), op,
-          f"col_indices and values must have the same length (nnz), got {col.numel()} and {values.numel()}")
+    check(col.numel() == values.numel(), op, "nnz_mismatch", col=col.numel(), values=values.numel())
     check_csr_matrix(op, d, v)
     same_dtype(op, v, d)
 
@@ -65,11 +64,11 @@ def csr_spmm_with_transpose(crow_indices: torch.Tensor, col_indices: torch.Tenso
     check_csr_indices(op, tc, ("t_col_indices", t_col_indices), c)
     check_csr_indices(op, tc, ("t_perm", t_perm), c)
     same_dtype(op, c, tc)
-    check(t_crow_indices.numel() == dense.shape[0] + 1, op,
-          f"t_crow_indices must hold K + 1 = {dense.shape[0] + 1} entries (K = dense.size(0)), got {t_crow_indices.numel()}")
+    check(t_crow_indices.numel() == dense.shape[0] + 1, op, "t_crow_size", k_plus_1=dense.shape[0] + 1,
+          got=t_crow_indices.numel())
     nnz = col_indices.numel()
-    check(t_col_indices.numel() == nnz and t_perm.numel() == nnz, op,
-          f"t_col_indices and t_perm must hold nnz = {nnz} entries, got {t_col_indices.numel()} and {t_perm.numel()}")
+    check(t_col_indices.numel() == nnz and t_perm.numel() == nnz, op, "t_nnz", nnz=nnz, t_col=t_col_indices.numel(),
+          t_perm=t_perm.numel())
     return values.new_empty((crow_indices.shape[0] - 1, dense.shape[1]))
 
 
@@ -83,9 +82,9 @@ def csr_sddmm(crow_indices: torch.Tensor, col_indices: torch.Tensor, grad_out: t
     check_csr_matrix(op, d, g)
     same_dtype(op, g, d)
     m = crow_indices.numel() - 1
-    check(grad_out.shape[0] == m, op, f"grad_out must have crow_indices.numel() - 1 = {m} rows, got {grad_out.shape[0]}")
-    check(grad_out.shape[1] == dense.shape[1], op,
-          f"grad_out and dense must have the same number of columns, got {grad_out.shape[1]} and {dense.shape[1]}")
+    check(grad_out.shape[0] == m, op, "grad_out_rows", m=m, rows=grad_out.shape[0])
+    check(grad_out.shape[1] == dense.shape[1], op, "grad_out_columns", x_columns=grad_out.shape[1],
+          y_columns=dense.shape[1])
     return grad_out.new_empty((col_indices.shape[0],))
 
 
@@ -95,6 +94,6 @@ def csr_transpose(crow_indices: torch.Tensor, col_indices: torch.Tensor,
     op = "_csr_transpose"
     c = ("crow_indices", crow_indices)
     check_csr_indices(op, c, ("col_indices", col_indices), c)
-    check(K >= 0, op, f"K must be non-negative, got {K}")
+    check(K >= 0, op, "negative_K", K=K)
     nnz = col_indices.shape[0]
     return crow_indices.new_empty((K + 1,)), crow_indices.new_empty((nnz,)), crow_indices.new_empty((nnz,))

@@ -1,13 +1,13 @@
 """Fake kernels for myns::rms_norm, myns::add_rms_norm and their internal forward / backward ops.
 
-The checks mirror csrc/common/norm.cpp message for message.
+The checks are csrc/common/norm.cpp's, in the same order (messages: meta_kernels._checks.MESSAGES).
 """
 
 from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, _dtype_name, check, check_elementwise, dtype_in, same_device
+from meta_kernels._checks import FLOAT_DTYPES, check, check_elementwise, dtype_in, same_device
 
 _REDUCED = (torch.float16, torch.bfloat16)
 
@@ -20,30 +20,18 @@ def stat_dtype(dtype: torch.dtype) -> torch.dtype:
 def check_norm_input(
     op: str, input: torch.Tensor, weight: torch.Tensor | None, weight_offset: float = 0.0, name: str = "input"
 ) -> None:
-    check(input.dim() >= 1, op, f"{name} must have at least 1 dimension, got a 0-dim tensor")
+    check(input.dim() >= 1, op, "at_least_1d", x=name)
     dtype_in(op, (name, input), FLOAT_DTYPES)
     n = input.shape[-1]
-    check(n >= 1, op, f"{name}'s last dimension (the normalised one) must be at least 1, got shape {list(input.shape)}")
+    check(n >= 1, op, "normalised_dim_empty", x=name, shape=list(input.shape))
     if weight is None:
-        check(
-            weight_offset == 0.0,
-            op,
-            "weight_offset is non-zero but weight is None; pass a weight (ones to scale by 1 + weight_offset)",
-        )
+        check(weight_offset == 0.0, op, "offset_without_weight")
         return
     same_device(op, (name, input), ("weight", weight))
-    check(
-        weight.dim() == 1 and weight.shape[0] == n,
-        op,
-        f"weight must be 1-D of size {n} ({name}'s last dimension), got shape {list(weight.shape)}",
-    )
+    check(weight.dim() == 1 and weight.shape[0] == n, op, "weight_shape", n=n, x=name, shape=list(weight.shape))
     reduced = input.dtype in _REDUCED
-    check(
-        weight.dtype == input.dtype or (reduced and weight.dtype == torch.float32),
-        op,
-        f"weight must have {name}'s dtype ({_dtype_name(input.dtype)}){' or Float' if reduced else ''}, "
-        f"got {_dtype_name(weight.dtype)}",
-    )
+    check(weight.dtype == input.dtype or (reduced and weight.dtype == torch.float32), op,
+          "weight_dtype_or_float" if reduced else "weight_dtype", x=name, dtype=input.dtype, weight_dtype=weight.dtype)
 
 
 def check_norm_input_pair(
@@ -69,13 +57,10 @@ def check_norm_backward(
     same_device(op, input, ("rstd", rstd))
     leading = list(x.shape[:-1])
     want = stat_dtype(x.dtype)
-    check(
-        rstd.dim() == len(leading) and all(a == b for a, b in zip(rstd.shape, leading)) and rstd.dtype == want,
-        op,
-        f"rstd must have shape {leading} ({name}'s leading dimensions) and dtype {_dtype_name(want)}, "
-        f"got shape {list(rstd.shape)} and dtype {_dtype_name(rstd.dtype)}",
-    )
-    check(not weight_grad or weight is not None, op, "weight_grad is true but weight is None")
+    check(rstd.dim() == len(leading) and all(a == b for a, b in zip(rstd.shape, leading)) and rstd.dtype == want, op,
+          "stat_shape_dtype", stat="rstd", shape=leading, x=name, dtype=want, got_shape=list(rstd.shape),
+          got_dtype=rstd.dtype)
+    check(not weight_grad or weight is not None, op, "weight_grad_without_weight")
 
 
 @torch.library.register_fake("myns::rms_norm")

@@ -6,6 +6,8 @@ and test_registration.py then cover it on every path.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 
 from helpers import FLOAT_DTYPES, INT_DTYPES, make_layout, poison_, random_tensor
+from meta_kernels import _checks
 
 
 @dataclass
@@ -24,9 +27,28 @@ class Sample:
 
 @dataclass
 class ErrorInput:
+    """A bad call and the error it must raise: a message of the one table (meta_kernels._checks.MESSAGES),
+    by key and fields, never re-typed here."""
+
     sample: Sample
-    match: str  # regex the RuntimeError message must match
-    on_fake: bool = True  # the fake kernel raises it too (metadata errors, not memory-overlap ones)
+    op: str  # the op the message names
+    key: str  # in meta_kernels._checks.MESSAGES
+    fields: dict[str, Any]
+    on_fake: bool = True  # the fake kernel raises it too (metadata errors, not memory-overlap or structure ones)
+
+    @property
+    def message(self) -> str:
+        """The exact RuntimeError text."""
+        return _checks.message(self.op, self.key, **self.fields)
+
+    @property
+    def match(self) -> str:
+        """A regex matching exactly the message (for pytest.raises)."""
+        return "^" + re.escape(self.message) + "$"
+
+
+def expect(op: str, sample: Sample, key: str, *, on_fake: bool = True, **fields: Any) -> ErrorInput:
+    return ErrorInput(sample, op, key, fields, on_fake)
 
 
 @dataclass
@@ -106,34 +128,34 @@ def pair_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
     return (random_tensor((n, 3), dtype, device), random_tensor((n, 3), dtype, device))
 
 
-def _named(op: str, cases: list[ErrorInput]) -> list[ErrorInput]:
-    """The cases with "OP" in their expected messages replaced by the op's name."""
-    for c in cases:
-        c.match = c.match.replace("OP", op)
-    return cases
+def _device_pair(device: str) -> dict[str, str]:
+    """The devices a same-device error names when the second tensor is on the CPU."""
+    return {"x_device": "cuda:0", "y_device": "cpu"}
 
 
 def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor, torch.Tensor], tuple],
-                            names: tuple[str, str] = ("a", "b")) -> list[ErrorInput]:
+                            supported: Sequence[torch.dtype], names: tuple[str, str] = ("a", "b")) -> list[ErrorInput]:
     """Shape, dtype and device mismatches and unsupported dtypes for an op taking (a, b, ...); `names` are
-    the schema's names of a and b."""
+    the schema's names of a and b, `supported` the op's dtypes."""
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    e = functools.partial(expect, op)
+    a, b = names
     cases = [
-        ErrorInput(Sample(extra(f32(4, 8), f32(4, 9))), r"myns::OP: <a> and <b> must have the same shape, got \[4, 8\] and \[4, 9\]"),
-        ErrorInput(Sample(extra(f32(4), f32(4).half())), r"myns::OP: <a> and <b> must have the same dtype, got Float and Half"),
-        ErrorInput(Sample(extra(f32(4) > 0, f32(4) > 0)), r"myns::OP: <a> has unsupported dtype Bool; supported: Half, BFloat16"),
-        ErrorInput(Sample(extra(f32(4).to(torch.complex64), f32(4).to(torch.complex64))), r"myns::OP: <a> has unsupported dtype ComplexFloat"),
-        ErrorInput(Sample(extra(f32(4).to(torch.int8), f32(4).to(torch.int8))), r"myns::OP: <a> has unsupported dtype Char"),
+        e(Sample(extra(f32(4, 8), f32(4, 9))), "same_shape", x=a, y=b, x_shape=[4, 8], y_shape=[4, 9]),
+        e(Sample(extra(f32(4), f32(4).half())), "same_dtype", x=a, y=b, x_dtype=torch.float32, y_dtype=torch.float16),
+        e(Sample(extra(f32(4) > 0, f32(4) > 0)), "dtype_in", x=a, dtype=torch.bool, supported=supported),
+        e(Sample(extra(f32(4).to(torch.complex64), f32(4).to(torch.complex64))), "dtype_in", x=a,
+          dtype=torch.complex64, supported=supported),
+        e(Sample(extra(f32(4).to(torch.int8), f32(4).to(torch.int8))), "dtype_in", x=a, dtype=torch.int8,
+          supported=supported),
     ]
     if device == "cuda":
-        cases.append(ErrorInput(Sample(extra(f32(4), torch.randn(4))), r"myns::OP: <a> and <b> must be on the same device, got cuda:0 and cpu"))
-    for c in cases:
-        c.match = c.match.replace("<a>", names[0]).replace("<b>", names[1])
-    return _named(op, cases)
+        cases.append(e(Sample(extra(f32(4), torch.randn(4))), "same_device", x=a, y=b, **_device_pair(device)))
+    return cases
 
 
 def vector_add_errors(device: str) -> list[ErrorInput]:
-    return _binary_metadata_errors("vector_add", device, lambda a, b: (a, b))
+    return _binary_metadata_errors("vector_add", device, lambda a, b: (a, b), _checks.FLOAT_AND_INT_DTYPES)
 
 
 def vector_add_out_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
@@ -158,15 +180,19 @@ def vector_add_out_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, 
 def vector_add_out_errors(device: str) -> list[ErrorInput]:
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
     base = f32(9)
-    cases = _binary_metadata_errors("vector_add_out", device, lambda a, b: (a, b, torch.empty_like(a)))
+    op = "vector_add_out"
+    e = functools.partial(expect, op)
+    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b, torch.empty_like(a)), _checks.FLOAT_AND_INT_DTYPES)
     cases += [
-        ErrorInput(Sample((f32(4, 8), f32(4, 8), f32(4, 9))), r"myns::vector_add_out: a and out must have the same shape, got \[4, 8\] and \[4, 9\]"),
-        ErrorInput(Sample((f32(4), f32(4), f32(4).double())), r"myns::vector_add_out: a and out must have the same dtype, got Float and Double"),
-        ErrorInput(Sample((f32(3), f32(3), f32(1).expand(3))), r"myns::vector_add_out: out has internal overlap", on_fake=False),
-        ErrorInput(Sample((base[:-1], f32(8), base[1:])), r"myns::vector_add_out: out partially overlaps a", on_fake=False),
-        ErrorInput(Sample((base[2::2], f32(4), base[0:8:2])), r"myns::vector_add_out: out partially overlaps a \(they share memory", on_fake=False),
-        ErrorInput(Sample((f32(4, 4), f32(4, 4), f32(20).as_strided((4, 4), (2, 1)))), r"myns::vector_add_out: out has internal overlap", on_fake=False),
-        ErrorInput(Sample((f32(3).requires_grad_(), f32(3), f32(3))), r"myns::vector_add_out: out= variants don't support automatic differentiation, but a requires grad"),
+        e(Sample((f32(4, 8), f32(4, 8), f32(4, 9))), "same_shape", x="a", y="out", x_shape=[4, 8], y_shape=[4, 9]),
+        e(Sample((f32(4), f32(4), f32(4).double())), "same_dtype", x="a", y="out", x_dtype=torch.float32,
+          y_dtype=torch.float64),
+        e(Sample((f32(3), f32(3), f32(1).expand(3))), "internal_overlap", x="out", on_fake=False),
+        e(Sample((base[:-1], f32(8), base[1:])), "partial_overlap", x="out", y="a", on_fake=False),
+        e(Sample((base[2::2], f32(4), base[0:8:2])), "partial_overlap", x="out", y="a", on_fake=False),
+        e(Sample((f32(4, 4), f32(4, 4), f32(20).as_strided((4, 4), (2, 1)))), "internal_overlap", x="out",
+          on_fake=False),
+        e(Sample((f32(3).requires_grad_(), f32(3), f32(3))), "out_requires_grad", x="a"),
     ]
     return cases
 
@@ -242,9 +268,10 @@ def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_errors(device: str) -> list[ErrorInput]:
-    cases = _binary_metadata_errors("swiglu", device, lambda a, b: (a, b), names=("gate", "up"))
+    cases = _binary_metadata_errors("swiglu", device, lambda a, b: (a, b), FLOAT_DTYPES, names=("gate", "up"))
     i32 = lambda *s: torch.randint(-5, 5, s, dtype=torch.int32, device=device)  # noqa: E731
-    cases.append(ErrorInput(Sample((i32(4), i32(4))), r"myns::swiglu: gate has unsupported dtype Int; supported: Half, BFloat16, Float, Double"))
+    cases.append(expect("swiglu", Sample((i32(4), i32(4))), "dtype_in", x="gate", dtype=torch.int32,
+                        supported=FLOAT_DTYPES))
     return cases
 
 
@@ -281,12 +308,15 @@ def swiglu_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any,
 
 def swiglu_backward_errors(device: str) -> list[ErrorInput]:
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
-    cases = _binary_metadata_errors("swiglu_backward", device, lambda a, b: (a, b, a.clone()), names=("grad_out", "gate"))
+    op = "swiglu_backward"
+    e = functools.partial(expect, op)
+    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b, a.clone()), FLOAT_DTYPES, names=("grad_out", "gate"))
     cases += [
-        ErrorInput(Sample((f32(4, 8), f32(4, 8), f32(4, 9))), r"myns::swiglu_backward: grad_out and up must have the same shape, got \[4, 8\] and \[4, 9\]"),
-        ErrorInput(Sample((f32(4), f32(4), f32(4).double())), r"myns::swiglu_backward: grad_out and up must have the same dtype, got Float and Double"),
-        ErrorInput(Sample(tuple(torch.randint(-5, 5, (4,), device=device) for _ in range(3))),
-                   r"myns::swiglu_backward: grad_out has unsupported dtype Long; supported: Half, BFloat16, Float, Double"),
+        e(Sample((f32(4, 8), f32(4, 8), f32(4, 9))), "same_shape", x="grad_out", y="up", x_shape=[4, 8], y_shape=[4, 9]),
+        e(Sample((f32(4), f32(4), f32(4).double())), "same_dtype", x="grad_out", y="up", x_dtype=torch.float32,
+          y_dtype=torch.float64),
+        e(Sample(tuple(torch.randint(-5, 5, (4,), device=device) for _ in range(3))), "dtype_in", x="grad_out",
+          dtype=torch.int64, supported=FLOAT_DTYPES),
     ]
     return cases
 
@@ -385,20 +415,26 @@ def _csr_example(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     return crow, col, torch.randn(3, device=device), torch.randn(3, 4, device=device)
 
 
-def _csr_metadata_errors(op: str, device: str, make: Callable[..., tuple]) -> list[ErrorInput]:
-    """Argument errors for ops taking (crow, col, values-like, dense, ...): `make(crow, col, values, dense)`."""
+def _csr_metadata_errors(op: str, device: str, make: Callable[..., tuple], device_of: str = "values") -> list[ErrorInput]:
+    """Argument errors for ops taking (crow, col, values-like, dense, ...): `make(crow, col, values, dense)`;
+    `device_of`: the argument whose device the others are checked against."""
     i32, i64 = torch.int32, torch.int64
     crow, col, v, d = _csr_example(device)
+    e = functools.partial(expect, op)
     cases = [
-        ErrorInput(Sample(make(crow.to(i32), col.to(i64), v, d)), r"myns::OP: crow_indices and col_indices must have the same dtype, got Int and Long"),
-        ErrorInput(Sample(make(crow.float(), col.float(), v, d)), r"myns::OP: crow_indices has unsupported dtype Float; supported: Int, Long"),
-        ErrorInput(Sample(make(crow.view(1, 3), col, v, d)), r"myns::OP: crow_indices must be 1-D, got shape \[1, 3\]"),
-        ErrorInput(Sample(make(crow[:0], col, v, d)), r"myns::OP: crow_indices must hold M \+ 1 >= 1 entries, got none"),
-        ErrorInput(Sample(make(crow, col.view(3, 1), v, d)), r"myns::OP: col_indices must be 1-D, got shape \[3, 1\]"),
+        e(Sample(make(crow.to(i32), col.to(i64), v, d)), "same_dtype", x="crow_indices", y="col_indices",
+          x_dtype=i32, y_dtype=i64),
+        e(Sample(make(crow.float(), col.float(), v, d)), "dtype_in", x="crow_indices", dtype=torch.float32,
+          supported=INT_DTYPES),
+        e(Sample(make(crow.view(1, 3), col, v, d)), "one_d", x="crow_indices", shape=[1, 3]),
+        e(Sample(make(crow[:0], col, v, d)), "crow_empty", x="crow_indices"),
+        e(Sample(make(crow, col.view(3, 1), v, d)), "one_d", x="col_indices", shape=[3, 1]),
     ]
     if device == "cuda":
-        cases.append(ErrorInput(Sample(make(crow.cpu(), col, v, d)), r"myns::OP: \w+ and crow_indices must be on the same device, got cuda:0 and cpu"))
-        cases.append(ErrorInput(Sample(make(crow, col, v, d.cpu())), r"myns::OP: \w+ and dense must be on the same device, got cuda:0 and cpu"))
+        cases.append(e(Sample(make(crow.cpu(), col, v, d)), "same_device", x=device_of, y="crow_indices",
+                       **_device_pair(device)))
+        cases.append(e(Sample(make(crow, col, v, d.cpu())), "same_device", x=device_of, y="dense",
+                       **_device_pair(device)))
     return cases
 
 
@@ -408,28 +444,33 @@ def _csr_structure_errors(op: str, device: str, make: Callable[..., tuple]) -> l
         return []  # CUDA kernels don't validate (no sync); see test_csr_spmm.py for what they guarantee
     v, d = torch.randn(3), torch.randn(3, 4)
     t = torch.tensor
+    e = functools.partial(expect, op, on_fake=False)
     return [
-        ErrorInput(Sample(make(t([1, 2, 3]), t([0, 2, 1]), v, d)), r"myns::OP: crow_indices\[0\] must be 0, got 1", on_fake=False),
-        ErrorInput(Sample(make(t([0, 3, 2, 3]), t([0, 2, 1]), v, d)), r"myns::OP: crow_indices must be non-decreasing, got crow_indices\[1\] = 3 > crow_indices\[2\] = 2", on_fake=False),
-        ErrorInput(Sample(make(t([0, 2, 2]), t([0, 2, 1]), v, d)), r"myns::OP: crow_indices\[-1\] must equal nnz = 3 \(the length of col_indices\), got 2", on_fake=False),
-        ErrorInput(Sample(make(t([0, 2, 3]), t([0, 3, 1]), v, d)), r"myns::OP: col_indices must lie in \[0, K\) with K = 3, got col_indices\[1\] = 3", on_fake=False),
-        ErrorInput(Sample(make(t([0, 2, 3]), t([0, 1, -1]), v, d)), r"myns::OP: col_indices must lie in \[0, K\) with K = 3, got col_indices\[2\] = -1", on_fake=False),
+        e(Sample(make(t([1, 2, 3]), t([0, 2, 1]), v, d)), "crow_first", got=1),
+        e(Sample(make(t([0, 3, 2, 3]), t([0, 2, 1]), v, d)), "crow_decreasing", i=1, a=3, j=2, b=2),
+        e(Sample(make(t([0, 2, 2]), t([0, 2, 1]), v, d)), "crow_last", nnz=3, got=2),
+        e(Sample(make(t([0, 2, 3]), t([0, 3, 1]), v, d)), "col_out_of_range", K=3, p=1, got=3),
+        e(Sample(make(t([0, 2, 3]), t([0, 1, -1]), v, d)), "col_out_of_range", K=3, p=2, got=-1),
     ]
 
 
 def csr_spmm_errors(device: str) -> list[ErrorInput]:
+    op = "csr_spmm"
     make = lambda crow, col, v, d: (crow, col, v, d)  # noqa: E731
     crow, col, v, d = _csr_example(device)
-    cases = _csr_metadata_errors("OP", device, make) + _csr_structure_errors("OP", device, make) + [
-        ErrorInput(Sample((crow, col, v, d.double())), r"myns::OP: values and dense must have the same dtype, got Float and Double"),
-        ErrorInput(Sample((crow, col, torch.randn(4, device=device), d)), r"myns::OP: col_indices and values must have the same length \(nnz\), got 3 and 4"),
-        ErrorInput(Sample((crow, col, v, torch.randn(3, device=device))), r"myns::OP: dense must be 2-D, got shape \[3\]"),
-        ErrorInput(Sample((crow, col, v.view(3, 1), d)), r"myns::OP: values must be 1-D, got shape \[3, 1\]"),
-        ErrorInput(Sample((crow, col, v.int(), d.int())), r"myns::OP: values has unsupported dtype Int; supported: Half, BFloat16, Float, Double"),
+    e = functools.partial(expect, op)
+    cases = _csr_metadata_errors(op, device, make) + _csr_structure_errors(op, device, make) + [
+        e(Sample((crow, col, v, d.double())), "same_dtype", x="values", y="dense", x_dtype=torch.float32,
+          y_dtype=torch.float64),
+        e(Sample((crow, col, torch.randn(4, device=device), d)), "nnz_mismatch", col=3, values=4),
+        e(Sample((crow, col, v, torch.randn(3, device=device))), "two_d", x="dense", shape=[3]),
+        e(Sample((crow, col, v.view(3, 1), d)), "one_d", x="values", shape=[3, 1]),
+        e(Sample((crow, col, v.int(), d.int())), "dtype_in", x="values", dtype=torch.int32, supported=FLOAT_DTYPES),
     ]
     if device == "cuda":
-        cases.append(ErrorInput(Sample((crow, col, v.cpu(), d)), r"myns::OP: values and crow_indices must be on the same device, got cpu and cuda:0"))
-    return _named("csr_spmm", cases)
+        cases.append(e(Sample((crow, col, v.cpu(), d)), "same_device", x="values", y="crow_indices",
+                       x_device="cpu", y_device="cuda:0"))
+    return cases
 
 
 def _with_transpose_args(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, dense: torch.Tensor) -> tuple:
@@ -450,17 +491,19 @@ def csr_spmm_with_transpose_errors(device: str) -> list[ErrorInput]:
         return (crow, col, v, d, torch.tensor([0, 1, 2, 3], dtype=crow.dtype, device=crow.device),
                 col.new_zeros(col.shape), col.new_zeros(col.shape))
 
+    op = "_csr_spmm_with_transpose"
     crow, col, v, d = _csr_example(device)
     t_col = torch.zeros(3, dtype=torch.int64, device=device)
-    cases = _csr_metadata_errors("OP", device, make) + _csr_structure_errors("OP", device, make) + [
-        ErrorInput(Sample((crow, col, v, d, torch.tensor([0, 1, 3], device=device), t_col, t_col)),
-                   r"myns::OP: t_crow_indices must hold K \+ 1 = 4 entries \(K = dense.size\(0\)\), got 3"),
-        ErrorInput(Sample((crow, col, v, d, torch.tensor([0, 1, 2, 3], device=device), t_col[:2], t_col)),
-                   r"myns::OP: t_col_indices and t_perm must hold nnz = 3 entries, got 2 and 3"),
-        ErrorInput(Sample((crow, col, v, d, torch.tensor([0, 1, 2, 3], device=device, dtype=torch.int32), t_col.int(), t_col.int())),
-                   r"myns::OP: crow_indices and t_crow_indices must have the same dtype, got Long and Int"),
+    e = functools.partial(expect, op)
+    return _csr_metadata_errors(op, device, make) + _csr_structure_errors(op, device, make) + [
+        e(Sample((crow, col, v, d, torch.tensor([0, 1, 3], device=device), t_col, t_col)), "t_crow_size",
+          k_plus_1=4, got=3),
+        e(Sample((crow, col, v, d, torch.tensor([0, 1, 2, 3], device=device), t_col[:2], t_col)), "t_nnz",
+          nnz=3, t_col=2, t_perm=3),
+        e(Sample((crow, col, v, d, torch.tensor([0, 1, 2, 3], device=device, dtype=torch.int32), t_col.int(),
+                  t_col.int())), "same_dtype", x="crow_indices", y="t_crow_indices", x_dtype=torch.int64,
+          y_dtype=torch.int32),
     ]
-    return _named("_csr_spmm_with_transpose", cases)
 
 
 def csr_sddmm_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
@@ -490,14 +533,16 @@ def csr_sddmm_errors(device: str) -> list[ErrorInput]:
         m = crow.numel() - 1 if crow.dim() == 1 and crow.numel() else 2
         return (crow, col, torch.randn(m, d.shape[-1], dtype=d.dtype, device=col.device), d)
 
+    op = "_csr_sddmm"
     crow, col, _, d = _csr_example(device)
-    cases = _csr_metadata_errors("OP", device, make) + _csr_structure_errors("OP", device, make) + [
-        ErrorInput(Sample((crow, col, torch.randn(3, 4, device=device), d)), r"myns::OP: grad_out must have crow_indices.numel\(\) - 1 = 2 rows, got 3"),
-        ErrorInput(Sample((crow, col, torch.randn(2, 5, device=device), d)), r"myns::OP: grad_out and dense must have the same number of columns, got 5 and 4"),
-        ErrorInput(Sample((crow, col, torch.randn(2, 4, device=device), d.double())), r"myns::OP: grad_out and dense must have the same dtype, got Float and Double"),
-        ErrorInput(Sample((crow, col, torch.randn(2, 4, 1, device=device), d)), r"myns::OP: grad_out must be 2-D, got shape \[2, 4, 1\]"),
+    e = functools.partial(expect, op)
+    return _csr_metadata_errors(op, device, make, device_of="grad_out") + _csr_structure_errors(op, device, make) + [
+        e(Sample((crow, col, torch.randn(3, 4, device=device), d)), "grad_out_rows", m=2, rows=3),
+        e(Sample((crow, col, torch.randn(2, 5, device=device), d)), "grad_out_columns", x_columns=5, y_columns=4),
+        e(Sample((crow, col, torch.randn(2, 4, device=device), d.double())), "same_dtype", x="grad_out", y="dense",
+          x_dtype=torch.float32, y_dtype=torch.float64),
+        e(Sample((crow, col, torch.randn(2, 4, 1, device=device), d)), "two_d", x="grad_out", shape=[2, 4, 1]),
     ]
-    return _named("_csr_sddmm", cases)
 
 
 def csr_transpose_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
@@ -519,14 +564,16 @@ def csr_transpose_errors(device: str) -> list[ErrorInput]:
     def make(crow, col, v, d):
         return (crow, col, 3)
 
+    op = "_csr_transpose"
     crow, col, _, _ = _csr_example(device)
-    cases = _csr_metadata_errors("OP", device, make) + _csr_structure_errors("OP", device, make) + [
-        ErrorInput(Sample((crow, col, -1)), r"myns::OP: K must be non-negative, got -1"),
+    cases = _csr_metadata_errors(op, device, make) + _csr_structure_errors(op, device, make) + [
+        expect(op, Sample((crow, col, -1)), "negative_K", K=-1),
     ]
-    cases = [c for c in cases if "same device" not in c.match]  # (crow's device is the reference here)
+    cases = [c for c in cases if c.key != "same_device"]  # (crow's device is the reference here)
     if device == "cuda":
-        cases.append(ErrorInput(Sample((crow.cpu(), col, 3)), r"myns::OP: crow_indices and col_indices must be on the same device, got cpu and cuda:0"))
-    return _named("_csr_transpose", cases)
+        cases.append(expect(op, Sample((crow.cpu(), col, 3)), "same_device", x="crow_indices", y="col_indices",
+                            x_device="cpu", y_device="cuda:0"))
+    return cases
 
 
 # ------------------------------------------------------------------------------------------------ rms_norm
@@ -668,30 +715,28 @@ def rms_norm_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[An
 def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[ErrorInput]:
     """Bad input / weight for an op taking (input, weight, eps, ...)."""
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    e = functools.partial(expect, op)
+    f16, bf16, f64 = torch.float16, torch.bfloat16, torch.float64
     cases = [
-        ErrorInput(Sample((f32(()), None, 1e-6) + extra), r"myns::OP: input must have at least 1 dimension, got a 0-dim tensor"),
-        ErrorInput(Sample((f32(4, 8).to(torch.int32), None, 1e-6) + extra),
-                   r"myns::OP: input has unsupported dtype Int; supported: Half, BFloat16, Float, Double"),
-        ErrorInput(Sample((f32(3, 0), None, 1e-6) + extra),
-                   r"myns::OP: input's last dimension \(the normalised one\) must be at least 1, got shape \[3, 0\]"),
-        ErrorInput(Sample((f32(4, 8), f32(9), 1e-6) + extra),
-                   r"myns::OP: weight must be 1-D of size 8 \(input's last dimension\), got shape \[9\]"),
-        ErrorInput(Sample((f32(4, 8), f32(1, 8), 1e-6) + extra),
-                   r"myns::OP: weight must be 1-D of size 8 \(input's last dimension\), got shape \[1, 8\]"),
-        ErrorInput(Sample((f32(4, 8), f32(8).double(), 1e-6) + extra),
-                   r"myns::OP: weight must have input's dtype \(Float\), got Double"),
-        ErrorInput(Sample((f32(4, 8).half(), f32(8).bfloat16(), 1e-6) + extra),
-                   r"myns::OP: weight must have input's dtype \(Half\) or Float, got BFloat16"),
-        ErrorInput(Sample((f32(4, 8).double(), f32(8), 1e-6) + extra),
-                   r"myns::OP: weight must have input's dtype \(Double\), got Float"),
+        e(Sample((f32(()), None, 1e-6) + extra), "at_least_1d", x="input"),
+        e(Sample((f32(4, 8).to(torch.int32), None, 1e-6) + extra), "dtype_in", x="input", dtype=torch.int32,
+          supported=FLOAT_DTYPES),
+        e(Sample((f32(3, 0), None, 1e-6) + extra), "normalised_dim_empty", x="input", shape=[3, 0]),
+        e(Sample((f32(4, 8), f32(9), 1e-6) + extra), "weight_shape", n=8, x="input", shape=[9]),
+        e(Sample((f32(4, 8), f32(1, 8), 1e-6) + extra), "weight_shape", n=8, x="input", shape=[1, 8]),
+        e(Sample((f32(4, 8), f32(8).double(), 1e-6) + extra), "weight_dtype", x="input", dtype=torch.float32,
+          weight_dtype=f64),
+        e(Sample((f32(4, 8).half(), f32(8).bfloat16(), 1e-6) + extra), "weight_dtype_or_float", x="input", dtype=f16,
+          weight_dtype=bf16),
+        e(Sample((f32(4, 8).double(), f32(8), 1e-6) + extra), "weight_dtype", x="input", dtype=f64,
+          weight_dtype=torch.float32),
     ]
     if not extra:  # ops whose next argument is weight_offset
-        cases.append(ErrorInput(Sample((f32(4, 8), None, 1e-6, 0.5)),
-                                r"myns::OP: weight_offset is non-zero but weight is None; pass a weight"))
+        cases.append(e(Sample((f32(4, 8), None, 1e-6, 0.5)), "offset_without_weight"))
     if device == "cuda":
-        cases.append(ErrorInput(Sample((f32(4, 8), torch.randn(8), 1e-6) + extra),
-                                r"myns::OP: input and weight must be on the same device, got cuda:0 and cpu"))
-    return _named(op, cases)
+        cases.append(e(Sample((f32(4, 8), torch.randn(8), 1e-6) + extra), "same_device", x="input", y="weight",
+                       **_device_pair(device)))
+    return cases
 
 
 def rms_norm_errors(device: str) -> list[ErrorInput]:
@@ -705,23 +750,24 @@ def rms_norm_forward_errors(device: str) -> list[ErrorInput]:
 def rms_norm_backward_errors(device: str) -> list[ErrorInput]:
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
     x, w = f32(4, 8), f32(8)
-    op = "myns::_rms_norm_backward"
+    e = functools.partial(expect, "_rms_norm_backward")
+    rstd = dict(stat="rstd", shape=[4], x="input", dtype=torch.float32)
     cases = [
-        ErrorInput(Sample((f32(4, 8), f32(()), None, f32(()), True, False)), rf"{op}: input must have at least 1 dimension"),
-        ErrorInput(Sample((f32(4, 8), x, f32(7), f32(4), True, True)), rf"{op}: weight must be 1-D of size 8"),
-        ErrorInput(Sample((f32(4, 9), x, w, f32(4), True, True)),
-                   rf"{op}: input and grad_out must have the same shape, got \[4, 8\] and \[4, 9\]"),
-        ErrorInput(Sample((f32(4, 8).half(), x, w, f32(4), True, True)),
-                   rf"{op}: input and grad_out must have the same dtype, got Float and Half"),
-        ErrorInput(Sample((f32(4, 8), x, w, f32(4).double(), True, True)),
-                   rf"{op}: rstd must have shape \[4\] \(input's leading dimensions\) and dtype Float, got shape \[4\] and dtype Double"),
-        ErrorInput(Sample((f32(4, 8), x, w, f32(4, 1), True, True)),
-                   rf"{op}: rstd must have shape \[4\] \(input's leading dimensions\) and dtype Float, got shape \[4, 1\]"),
-        ErrorInput(Sample((f32(4, 8), x, None, f32(4), True, True)), rf"{op}: weight_grad is true but weight is None"),
+        e(Sample((f32(4, 8), f32(()), None, f32(()), True, False)), "at_least_1d", x="input"),
+        e(Sample((f32(4, 8), x, f32(7), f32(4), True, True)), "weight_shape", n=8, x="input", shape=[7]),
+        e(Sample((f32(4, 9), x, w, f32(4), True, True)), "same_shape", x="input", y="grad_out", x_shape=[4, 8],
+          y_shape=[4, 9]),
+        e(Sample((f32(4, 8).half(), x, w, f32(4), True, True)), "same_dtype", x="input", y="grad_out",
+          x_dtype=torch.float32, y_dtype=torch.float16),
+        e(Sample((f32(4, 8), x, w, f32(4).double(), True, True)), "stat_shape_dtype", **rstd, got_shape=[4],
+          got_dtype=torch.float64),
+        e(Sample((f32(4, 8), x, w, f32(4, 1), True, True)), "stat_shape_dtype", **rstd, got_shape=[4, 1],
+          got_dtype=torch.float32),
+        e(Sample((f32(4, 8), x, None, f32(4), True, True)), "weight_grad_without_weight"),
     ]
     if device == "cuda":
-        cases.append(ErrorInput(Sample((torch.randn(4, 8), x, w, f32(4), True, True)),
-                                rf"{op}: input and grad_out must be on the same device, got cuda:0 and cpu"))
+        cases.append(e(Sample((torch.randn(4, 8), x, w, f32(4), True, True)), "same_device", x="input", y="grad_out",
+                       **_device_pair(device)))
     return cases
 
 
@@ -817,25 +863,22 @@ def add_rms_norm_backward_sized(device: str, dtype: torch.dtype, n: int) -> tupl
 def _add_rms_norm_errors(op: str, device: str) -> list[ErrorInput]:
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
     x, w = f32(4, 8), f32(8)
+    e = functools.partial(expect, op)
+    pair = dict(x="input", y="residual")
     cases = [
-        ErrorInput(Sample((f32(()), f32(()), None, 1e-6, 0.0)), r"myns::OP: input must have at least 1 dimension"),
-        ErrorInput(Sample((x.to(torch.int32), x.to(torch.int32), None, 1e-6, 0.0)),
-                   r"myns::OP: input has unsupported dtype Int; supported: Half, BFloat16, Float, Double"),
-        ErrorInput(Sample((x, f32(4, 8), f32(9), 1e-6, 0.0)),
-                   r"myns::OP: weight must be 1-D of size 8 \(input's last dimension\), got shape \[9\]"),
-        ErrorInput(Sample((x, f32(4, 9), w, 1e-6, 0.0)),
-                   r"myns::OP: input and residual must have the same shape, got \[4, 8\] and \[4, 9\]"),
-        ErrorInput(Sample((x, f32(8), w, 1e-6, 0.0)),
-                   r"myns::OP: input and residual must have the same shape, got \[4, 8\] and \[8\]"),
-        ErrorInput(Sample((x, f32(4, 8).half(), w, 1e-6, 0.0)),
-                   r"myns::OP: input and residual must have the same dtype, got Float and Half"),
-        ErrorInput(Sample((x, f32(4, 8), None, 1e-6, 1.0)),
-                   r"myns::OP: weight_offset is non-zero but weight is None; pass a weight"),
+        e(Sample((f32(()), f32(()), None, 1e-6, 0.0)), "at_least_1d", x="input"),
+        e(Sample((x.to(torch.int32), x.to(torch.int32), None, 1e-6, 0.0)), "dtype_in", x="input", dtype=torch.int32,
+          supported=FLOAT_DTYPES),
+        e(Sample((x, f32(4, 8), f32(9), 1e-6, 0.0)), "weight_shape", n=8, x="input", shape=[9]),
+        e(Sample((x, f32(4, 9), w, 1e-6, 0.0)), "same_shape", **pair, x_shape=[4, 8], y_shape=[4, 9]),
+        e(Sample((x, f32(8), w, 1e-6, 0.0)), "same_shape", **pair, x_shape=[4, 8], y_shape=[8]),
+        e(Sample((x, f32(4, 8).half(), w, 1e-6, 0.0)), "same_dtype", **pair, x_dtype=torch.float32,
+          y_dtype=torch.float16),
+        e(Sample((x, f32(4, 8), None, 1e-6, 1.0)), "offset_without_weight"),
     ]
     if device == "cuda":
-        cases.append(ErrorInput(Sample((x, torch.randn(4, 8), w, 1e-6, 0.0)),
-                                r"myns::OP: input and residual must be on the same device, got cuda:0 and cpu"))
-    return _named(op, cases)
+        cases.append(e(Sample((x, torch.randn(4, 8), w, 1e-6, 0.0)), "same_device", **pair, **_device_pair(device)))
+    return cases
 
 
 def add_rms_norm_errors(device: str) -> list[ErrorInput]:
@@ -849,25 +892,23 @@ def add_rms_norm_forward_errors(device: str) -> list[ErrorInput]:
 def add_rms_norm_backward_errors(device: str) -> list[ErrorInput]:
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
     h, w, r = f32(4, 8), f32(8), f32(4)
-    op = "myns::_add_rms_norm_backward"
+    e = functools.partial(expect, "_add_rms_norm_backward")
     cases = [
-        ErrorInput(Sample((f32(4, 8), None, f32(()), None, f32(()), False, 0.0)),
-                   rf"{op}: residual_out must have at least 1 dimension"),
-        ErrorInput(Sample((f32(4, 9), None, h, w, r, True, 0.0)),
-                   rf"{op}: residual_out and grad_out must have the same shape, got \[4, 8\] and \[4, 9\]"),
-        ErrorInput(Sample((f32(4, 8), f32(4, 9), h, w, r, True, 0.0)),
-                   rf"{op}: residual_out and grad_residual_out must have the same shape, got \[4, 8\] and \[4, 9\]"),
-        ErrorInput(Sample((f32(4, 8), f32(4, 8).double(), h, w, r, True, 0.0)),
-                   rf"{op}: residual_out and grad_residual_out must have the same dtype, got Float and Double"),
-        ErrorInput(Sample((f32(4, 8), None, h, w, f32(4).double(), True, 0.0)),
-                   rf"{op}: rstd must have shape \[4\] \(residual_out's leading dimensions\) and dtype Float"),
-        ErrorInput(Sample((f32(4, 8), None, h, None, r, True, 0.0)), rf"{op}: weight_grad is true but weight is None"),
-        ErrorInput(Sample((f32(4, 8), None, h, None, r, False, 1.0)),
-                   rf"{op}: weight_offset is non-zero but weight is None"),
+        e(Sample((f32(4, 8), None, f32(()), None, f32(()), False, 0.0)), "at_least_1d", x="residual_out"),
+        e(Sample((f32(4, 9), None, h, w, r, True, 0.0)), "same_shape", x="residual_out", y="grad_out",
+          x_shape=[4, 8], y_shape=[4, 9]),
+        e(Sample((f32(4, 8), f32(4, 9), h, w, r, True, 0.0)), "same_shape", x="residual_out", y="grad_residual_out",
+          x_shape=[4, 8], y_shape=[4, 9]),
+        e(Sample((f32(4, 8), f32(4, 8).double(), h, w, r, True, 0.0)), "same_dtype", x="residual_out",
+          y="grad_residual_out", x_dtype=torch.float32, y_dtype=torch.float64),
+        e(Sample((f32(4, 8), None, h, w, f32(4).double(), True, 0.0)), "stat_shape_dtype", stat="rstd", shape=[4],
+          x="residual_out", dtype=torch.float32, got_shape=[4], got_dtype=torch.float64),
+        e(Sample((f32(4, 8), None, h, None, r, True, 0.0)), "weight_grad_without_weight"),
+        e(Sample((f32(4, 8), None, h, None, r, False, 1.0)), "offset_without_weight"),
     ]
     if device == "cuda":
-        cases.append(ErrorInput(Sample((torch.randn(4, 8), None, h, w, r, True, 0.0)),
-                                rf"{op}: residual_out and grad_out must be on the same device, got cuda:0 and cpu"))
+        cases.append(e(Sample((torch.randn(4, 8), None, h, w, r, True, 0.0)), "same_device", x="residual_out",
+                       y="grad_out", **_device_pair(device)))
     return cases
 
 
