@@ -128,9 +128,8 @@ def pair_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
     return (random_tensor((n, 3), dtype, device), random_tensor((n, 3), dtype, device))
 
 
-def _device_pair(device: str) -> dict[str, str]:
-    """The devices a same-device error names when the second tensor is on the CPU."""
-    return {"x_device": "cuda:0", "y_device": "cpu"}
+# The devices a same-device error names when the second tensor is on the CPU.
+_CUDA_VS_CPU = {"x_device": "cuda:0", "y_device": "cpu"}
 
 
 def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor, torch.Tensor], tuple],
@@ -150,7 +149,7 @@ def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor,
           supported=supported),
     ]
     if device == "cuda":
-        cases.append(e(Sample(extra(f32(4), torch.randn(4))), "same_device", x=a, y=b, **_device_pair(device)))
+        cases.append(e(Sample(extra(f32(4), torch.randn(4))), "same_device", x=a, y=b, **_CUDA_VS_CPU))
     return cases
 
 
@@ -432,9 +431,9 @@ def _csr_metadata_errors(op: str, device: str, make: Callable[..., tuple], devic
     ]
     if device == "cuda":
         cases.append(e(Sample(make(crow.cpu(), col, v, d)), "same_device", x=device_of, y="crow_indices",
-                       **_device_pair(device)))
+                       **_CUDA_VS_CPU))
         cases.append(e(Sample(make(crow, col, v, d.cpu())), "same_device", x=device_of, y="dense",
-                       **_device_pair(device)))
+                       **_CUDA_VS_CPU))
     return cases
 
 
@@ -735,7 +734,7 @@ def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[Erro
         cases.append(e(Sample((f32(4, 8), None, 1e-6, 0.5)), "offset_without_weight"))
     if device == "cuda":
         cases.append(e(Sample((f32(4, 8), torch.randn(8), 1e-6) + extra), "same_device", x="input", y="weight",
-                       **_device_pair(device)))
+                       **_CUDA_VS_CPU))
     return cases
 
 
@@ -767,7 +766,7 @@ def rms_norm_backward_errors(device: str) -> list[ErrorInput]:
     ]
     if device == "cuda":
         cases.append(e(Sample((torch.randn(4, 8), x, w, f32(4), True, True)), "same_device", x="input", y="grad_out",
-                       **_device_pair(device)))
+                       **_CUDA_VS_CPU))
     return cases
 
 
@@ -877,7 +876,7 @@ def _add_rms_norm_errors(op: str, device: str) -> list[ErrorInput]:
         e(Sample((x, f32(4, 8), None, 1e-6, 1.0)), "offset_without_weight"),
     ]
     if device == "cuda":
-        cases.append(e(Sample((x, torch.randn(4, 8), w, 1e-6, 0.0)), "same_device", **pair, **_device_pair(device)))
+        cases.append(e(Sample((x, torch.randn(4, 8), w, 1e-6, 0.0)), "same_device", **pair, **_CUDA_VS_CPU))
     return cases
 
 
@@ -908,7 +907,7 @@ def add_rms_norm_backward_errors(device: str) -> list[ErrorInput]:
     ]
     if device == "cuda":
         cases.append(e(Sample((torch.randn(4, 8), None, h, w, r, True, 0.0)), "same_device", x="residual_out",
-                       y="grad_out", **_device_pair(device)))
+                       y="grad_out", **_CUDA_VS_CPU))
     return cases
 
 
