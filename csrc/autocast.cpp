@@ -25,7 +25,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
-
 namespace torchops {
 namespace {
 
