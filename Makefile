@@ -29,7 +29,7 @@ venv: $(VENV)/.requirements-installed
 # Rebuilt only when a source, setup.py or the installed requirements changed. (The Python module _C is linked
 # last, after torchops/lib/libtorchops.so, which holds the ops.)
 EXTENSION := torchops/_C.abi3.so
-$(EXTENSION): $(VENV)/.requirements-installed setup.py pyproject.toml $(shell find csrc -type f)
+$(EXTENSION): $(VENV)/.requirements-installed setup.py pyproject.toml scripts/gen_ops_header.py $(shell find csrc -type f)
 	$(PY) -m pip install --no-build-isolation --no-deps -e .
 	touch $@
 
@@ -53,4 +53,4 @@ example: build
 	$(PY) examples/cpp/export_and_check.py --example $(EXAMPLE_DIR)/torchops_example --workdir $(EXAMPLE_DIR)/work
 
 clean:
-	rm -rf build *.egg-info torchops/_C*.so torchops/lib torchops/_build_info.json
+	rm -rf build *.egg-info torchops/_C*.so torchops/lib torchops/_build_info.json torchops/include/torchops/ops.h
