@@ -142,7 +142,7 @@ inline int64_t resident_warps(int device) {
 template <typename T>
 inline int widest_vector_size(int64_t N, int64_t ld, const void* base) {
   int v = vector_size<T>();
-  while (v > 1 && (N % v != 0 || ld % v != 0 || reinterpret_cast<uintptr_t>(base) % (v * sizeof(T)) != 0)) v /= 2;
+  while (v > 1 && (N % v != 0 || ld % v != 0 || !is_aligned(base, v * static_cast<int>(sizeof(T))))) v /= 2;
   return v;
 }
 

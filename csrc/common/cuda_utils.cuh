@@ -118,6 +118,14 @@ void with_vector_size(int v, Fn&& fn) {
 }
 
 template <typename T, int kN>
+__device__ __forceinline__ AlignedVector<T, kN> zero_vector() {
+  AlignedVector<T, kN> z;
+#pragma unroll
+  for (int e = 0; e < kN; ++e) z.val[e] = static_cast<T>(0.f);
+  return z;
+}
+
+template <typename T, int kN>
 __device__ __forceinline__ AlignedVector<T, kN> load_vector(const T* base, int64_t vector_index) {
   return reinterpret_cast<const AlignedVector<T, kN>*>(base)[vector_index];
 }
@@ -125,6 +133,15 @@ __device__ __forceinline__ AlignedVector<T, kN> load_vector(const T* base, int64
 template <typename T, int kN>
 __device__ __forceinline__ void store_vector(T* base, int64_t vector_index, const AlignedVector<T, kN>& v) {
   reinterpret_cast<AlignedVector<T, kN>*>(base)[vector_index] = v;
+}
+
+// The sum of v over the warp's 32 lanes, in every lane. A butterfly: every lane adds the same values in the
+// same order, so every lane ends with the same bits.
+template <typename S>
+__device__ __forceinline__ S warp_sum(S v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullWarpMask, v, offset);
+  return v;
 }
 
 // Unsigned 32-bit division by a divisor fixed at launch, as a multiply-high and a shift

@@ -55,14 +55,6 @@ struct SpmmArgs {
   opmath_t<T>* head;   // units x N, 16-bit T only (else null): unit u > 0's part of row start.row when it ends there
 };
 
-template <typename T, int V>
-__device__ __forceinline__ AlignedVector<T, V> zero_vector() {
-  AlignedVector<T, V> z;
-#pragma unroll
-  for (int e = 0; e < V; ++e) z.val[e] = static_cast<T>(0.f);
-  return z;
-}
-
 // Adds the partial sums of the warp's 32 / G lane groups (butterfly: every group ends with the same,
 // order-independent bits, as IEEE addition is commutative).
 template <int G, int V, typename Acc>

@@ -76,8 +76,7 @@ __global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_kernel(const Sddm
       if (first_ok) {
         x = load_vector<T, V>(arow + j0, 0);
       } else {
-#pragma unroll
-        for (int e = 0; e < V; ++e) x.val[e] = static_cast<T>(0.f);
+        x = zero_vector<T, V>();
       }
 #pragma unroll
       for (int e = 0; e < V; ++e) a0[e] = static_cast<acc_t>(x.val[e]);
@@ -104,8 +103,7 @@ __global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_kernel(const Sddm
           if (ok[u] && first_ok) {
             x[u] = load_vector<T, V>(brow[u] + j0, 0);
           } else {
-#pragma unroll
-            for (int e = 0; e < V; ++e) x[u].val[e] = static_cast<T>(0.f);
+            x[u] = zero_vector<T, V>();
           }
         }
 #pragma unroll
@@ -123,8 +121,7 @@ __global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_kernel(const Sddm
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-#pragma unroll
-          for (int off = kWarpSize / 2; off > 0; off /= 2) dot[u] += __shfl_xor_sync(kFullWarpMask, dot[u], off);
+          dot[u] = warp_sum(dot[u]);
           if (k + u < ke && lane == k + u) mine = dot[u];
         }
       }
