@@ -81,3 +81,32 @@ def test_kernels_accept_exactly_the_listed_dtypes(info: OpInfo, device: str, fak
             _call(info, args, kwargs, fake)
         rejected.append(dtype)
     assert torch.bool in rejected and torch.complex64 in rejected  # the sweep reached beyond the list
+
+
+def _index_dtype(x: Any) -> torch.dtype | None:
+    """The dtype of the first integer tensor among x's (CSR index tensors, for ops whose dtypes are float)."""
+    for y in x if isinstance(x, (list, tuple)) else (x,):
+        if isinstance(y, torch.Tensor) and not y.dtype.is_floating_point and not y.dtype.is_complex:
+            return y.dtype
+    return None
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["kernel", "fake"])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("info", [info for info in OP_DB if "csr" in info.name and info.dtypes == _checks.FLOAT_DTYPES],
+                         ids=lambda info: info.name)
+def test_index_arguments_accept_exactly_the_int_dtypes(info: OpInfo, device: str, fake: bool) -> None:
+    """The CSR index tensors of the ops whose listed dtypes are their values' (_csr_transpose's are its
+    indices': the test above)."""
+    sample = info.sample_inputs(device, info.dtypes[0], False)[-1]
+    base = _index_dtype(sample.args)
+    assert base in _checks.INT_DTYPES
+    supported = ", ".join(_checks._dtype_name(d) for d in _checks.INT_DTYPES)
+    for dtype in _convertible_dtypes(device):
+        args = _retyped(sample.args, base, dtype)
+        if dtype in _checks.INT_DTYPES:
+            _call(info, args, sample.kwargs, fake)
+            continue
+        with pytest.raises(RuntimeError, match=rf"(?m)^myns::{info.name}: \w+ has unsupported dtype \S+; "
+                                               rf"supported: {re.escape(supported)}$"):
+            _call(info, args, sample.kwargs, fake)

@@ -45,6 +45,9 @@ namespace torchops {
 template <typename T>
 constexpr bool is_16bit_float = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
 
+// The same, for a dtype known at run time.
+constexpr bool is_16bit_float_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
 // Arithmetic type for a storage type: f32 for f16/bf16, the type itself otherwise.
 template <typename T>
 using opmath_t = at::opmath_type<T>;
