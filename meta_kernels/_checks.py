@@ -14,8 +14,11 @@ from typing import Any
 
 import torch
 
+# The dtype lists of csrc/common/dispatch.h, in its order (tests/test_dtype_lists.py checks them against the
+# kernels); INT_DTYPES are also the CSR index dtypes.
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-FLOAT_AND_INT_DTYPES = (*FLOAT_DTYPES, torch.int32, torch.int64)
+INT_DTYPES = (torch.int32, torch.int64)
+FLOAT_AND_INT_DTYPES = FLOAT_DTYPES + INT_DTYPES
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -21,9 +21,9 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
-# The supported dtypes, from the one list the fake kernels check against (which mirrors the C++ dispatch).
+# The supported dtypes: the lists the fake kernels check against (test_dtype_lists.py: the C++ kernels' too).
 FLOAT_DTYPES = _checks.FLOAT_DTYPES
-INT_DTYPES = tuple(d for d in _checks.FLOAT_AND_INT_DTYPES if not d.is_floating_point)
+INT_DTYPES = _checks.INT_DTYPES
 
 # (rtol, atol) against a float64 reference rounded to the output dtype.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {

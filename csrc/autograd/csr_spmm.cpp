@@ -27,31 +27,29 @@ namespace torchops {
 namespace {
 
 using Transpose = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using TensorRef = const at::Tensor&;
+// (crow_indices, col_indices, x, y) -> out: csr_spmm (x = values) and _csr_sddmm (x = grad_out).
+using CsrBilinearSig = at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef);
 
 const auto& csr_spmm_op() {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
-          "myns::csr_spmm");
+  static const auto op = find_op<CsrBilinearSig>("myns::csr_spmm");
   return op;
 }
 
 const auto& csr_spmm_with_transpose_op() {
   static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                         const at::Tensor&, const at::Tensor&, const at::Tensor&)>("myns::_csr_spmm_with_transpose");
+      find_op<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef)>(
+          "myns::_csr_spmm_with_transpose");
   return op;
 }
 
 const auto& csr_sddmm_op() {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
-          "myns::_csr_sddmm");
+  static const auto op = find_op<CsrBilinearSig>("myns::_csr_sddmm");
   return op;
 }
 
 const auto& csr_transpose_op() {
-  static const auto op =
-      find_op<Transpose(const at::Tensor&, const at::Tensor&, c10::SymInt)>("myns::_csr_transpose");
+  static const auto op = find_op<Transpose(TensorRef, TensorRef, c10::SymInt)>("myns::_csr_transpose");
   return op;
 }
 

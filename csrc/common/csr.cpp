@@ -1,11 +1,12 @@
 #include "csr.h"
 
-#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
 #include <limits>
+
+#include "dispatch.h"
 
 namespace torchops {
 
@@ -56,7 +57,7 @@ void check_csr_indices(const char* op, NamedTensor crow, NamedTensor col, NamedT
   check_1d(op, crow);
   check_1d(op, col);
   TORCHOPS_CHECK(crow.tensor.numel() >= 1, op, crow.name, " must hold M + 1 >= 1 entries, got none");
-  check_dtype_in(op, crow, {at::kInt, at::kLong});
+  check_dtype_in(op, crow, {TORCHOPS_INT_DTYPES});
   check_same_dtype(op, crow, col);
 }
 
@@ -64,7 +65,7 @@ void check_csr_matrix(const char* op, NamedTensor t, NamedTensor device_of) {
   check_defined(op, t);
   check_same_device(op, device_of, t);
   TORCHOPS_CHECK(t.tensor.dim() == 2, op, t.name, " must be 2-D, got shape ", t.tensor.sizes());
-  check_dtype_in(op, t, {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble});
+  check_dtype_in(op, t, {TORCHOPS_FLOAT_DTYPES});
 }
 
 void check_csr_spmm_args(const char* op, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
@@ -73,7 +74,7 @@ void check_csr_spmm_args(const char* op, const at::Tensor& crow, const at::Tenso
   check_defined(op, v);
   check_csr_indices(op, {"crow_indices", crow}, {"col_indices", col}, v);
   check_1d(op, v);
-  check_dtype_in(op, v, {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble});
+  check_dtype_in(op, v, {TORCHOPS_FLOAT_DTYPES});
   TORCHOPS_CHECK(col.numel() == values.numel(), op, "col_indices and values must have the same length (nnz), got ",
                  col.numel(), " and ", values.numel());
   check_csr_matrix(op, d, v);
@@ -111,7 +112,7 @@ void check_csr_transpose_args(const char* op, const at::Tensor& crow, const at::
 
 void check_csr_structure_cpu(const char* op, const at::Tensor& crow, const at::Tensor& col, int64_t K) {
   const at::Tensor c = crow.contiguous(), k = col.contiguous();
-  AT_DISPATCH_INDEX_TYPES(c.scalar_type(), "csr_structure", [&] {
+  TORCHOPS_DISPATCH_INDEX_TYPES(c.scalar_type(), "csr_structure", [&] {
     check_structure<index_t>(op, c.const_data_ptr<index_t>(), c.numel() - 1, k.const_data_ptr<index_t>(), k.numel(),
                              K);
   });

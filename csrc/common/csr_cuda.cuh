@@ -132,7 +132,8 @@ inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_til
 template <auto kKernel, int kThreads>
 inline int64_t resident_warps(int device) {
   static std::atomic<int> blocks_cache[kCachedDevices][1] = {};
-  const int blocks = cached_per_device(blocks_cache, device, 0, [] { return resident_blocks_per_sm(kKernel, kThreads); });
+  const int blocks =
+      cached_per_device(blocks_cache, device, 0, [] { return resident_blocks_per_sm(kKernel, kThreads); });
   return int64_t{blocks} * (kThreads / kWarpSize) * device_attribute(cudaDevAttrMultiProcessorCount, device);
 }
 
@@ -140,8 +141,8 @@ inline int64_t resident_warps(int device) {
 // base pointer `base` can be read with.
 template <typename T>
 inline int widest_vector_size(int64_t N, int64_t ld, const void* base) {
-  int v = 16 / static_cast<int>(sizeof(T));
-  while (v > 1 && (N % v != 0 || ld % v != 0 || reinterpret_cast<uintptr_t>(base) % (v * sizeof(T)) != 0)) v /= 2;
+  int v = vector_size<T>();
+  while (v > 1 && (N % v != 0 || ld % v != 0 || !is_aligned(base, v * static_cast<int>(sizeof(T))))) v /= 2;
   return v;
 }
 
@@ -150,7 +151,7 @@ inline int widest_vector_size(int64_t N, int64_t ld, const void* base) {
 template <typename T>
 inline int lane_vector_size(int64_t N, int64_t ld, const void* base) {
   int v = 1;
-  while (v < 16 / static_cast<int>(sizeof(T)) && int64_t{kWarpSize} * v < N) v *= 2;
+  while (v < vector_size<T>() && int64_t{kWarpSize} * v < N) v *= 2;
   return std::min(v, widest_vector_size<T>(N, ld, base));
 }
 

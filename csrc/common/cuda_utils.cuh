@@ -1,5 +1,6 @@
-// CUDA scaffolding shared by every kernel: grid sizing, 16-byte vector
-// access with alignment checks, fast index division for strided kernels, and launch error checks.
+// CUDA scaffolding shared by every kernel: launch shapes and grid sizing, 16-byte vector access with
+// alignment checks and the dispatch over vector widths, fast index division for strided kernels, and launch
+// error checks.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -10,6 +11,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "strided.h"
 
@@ -21,6 +24,16 @@ namespace cuda {
 constexpr int kVectorBytes = 16;
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullWarpMask = 0xffffffffu;
+
+// Launch shapes shared by the kernels.
+// Kernels whose unit of work is one warp (a CSR merge-path unit, a normalised row) run 4 warps per block.
+constexpr int kWarpsPerBlock = 4;
+constexpr int kWarpBlockThreads = kWarpsPerBlock * kWarpSize;
+// Grid-stride loops over a flat index range that are not elementwise ops (index bookkeeping, e.g. a CSR
+// transpose); the elementwise engine has its own (cuda_elementwise.cuh).
+constexpr int kIndexLoopThreads = 256;
+// The hardware's limit on a grid's y and z dimensions.
+constexpr unsigned int kMaxGridYZ = 65535;
 
 // Blocks for a launch where each block takes `items_per_block` of `work_items` once. Streaming kernels
 // measured ~5% faster on the H200 with such a grid than with a grid-stride loop over a "persistent"
@@ -79,6 +92,39 @@ constexpr int vector_size() {
   return kVectorBytes / sizeof(T);
 }
 
+// The vector widths (elements per access) a kernel family is compiled for: every power of two up to 16
+// bytes, or only 16 bytes and single elements (kernels whose accesses are either all aligned or not: half
+// as many to compile).
+enum class VectorWidths { kAll, kFullOrScalar };
+
+namespace detail {
+template <typename T, VectorWidths kWidths, int V, typename Fn>
+void with_vector_size_from(int v, Fn&& fn) {
+  if (v == V) return fn(std::integral_constant<int, V>{});
+  if constexpr (V > 1) {
+    return with_vector_size_from<T, kWidths, kWidths == VectorWidths::kAll ? V / 2 : 1>(v, std::forward<Fn>(fn));
+  } else {
+    TORCH_INTERNAL_ASSERT(false, "no kernel is compiled for a vector width of ", v, " elements");
+  }
+}
+}  // namespace detail
+
+// Calls fn(std::integral_constant<int, V>{}) with V == v: the one place where a vector width chosen at run
+// time (from N, strides and pointer alignment) becomes a kernel's template argument. v must be one of
+// kWidths; fn returns nothing.
+template <typename T, VectorWidths kWidths = VectorWidths::kAll, typename Fn>
+void with_vector_size(int v, Fn&& fn) {
+  detail::with_vector_size_from<T, kWidths, vector_size<T>()>(v, std::forward<Fn>(fn));
+}
+
+template <typename T, int kN>
+__device__ __forceinline__ AlignedVector<T, kN> zero_vector() {
+  AlignedVector<T, kN> z;
+#pragma unroll
+  for (int e = 0; e < kN; ++e) z.val[e] = static_cast<T>(0.f);
+  return z;
+}
+
 template <typename T, int kN>
 __device__ __forceinline__ AlignedVector<T, kN> load_vector(const T* base, int64_t vector_index) {
   return reinterpret_cast<const AlignedVector<T, kN>*>(base)[vector_index];
@@ -87,6 +133,15 @@ __device__ __forceinline__ AlignedVector<T, kN> load_vector(const T* base, int64
 template <typename T, int kN>
 __device__ __forceinline__ void store_vector(T* base, int64_t vector_index, const AlignedVector<T, kN>& v) {
   reinterpret_cast<AlignedVector<T, kN>*>(base)[vector_index] = v;
+}
+
+// The sum of v over the warp's 32 lanes, in every lane. A butterfly: every lane adds the same values in the
+// same order, so every lane ends with the same bits.
+template <typename S>
+__device__ __forceinline__ S warp_sum(S v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullWarpMask, v, offset);
+  return v;
 }
 
 // Unsigned 32-bit division by a divisor fixed at launch, as a multiply-high and a shift

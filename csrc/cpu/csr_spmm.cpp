@@ -7,12 +7,9 @@
 //               nonzeros (AVX2/FMA/F16C when the processor has them), f64 for f64; at::vec otherwise;
 //   sddmm       one dot product per nonzero, 8 lanes at a time;
 //   transpose   a stable counting sort (serial: O(nnz), deterministic).
-#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/vec.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -23,6 +20,7 @@
 #include "../common/cpu_avx2.h"
 #include "../common/csr.h"
 #include "../common/dispatch.h"
+#include "../common/empty.h"
 
 namespace torchops {
 namespace {
@@ -57,24 +55,6 @@ void parallel_over_rows(const Index* crow, int64_t M, int64_t n_cols, F&& f) {
 // ------------------------------------------------------------------------------------------------ forward
 
 #ifdef TORCHOPS_HAS_AVX2_PATH
-template <typename T>
-TORCHOPS_TARGET_AVX2 inline __m256 load8f(const T* p) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm256_loadu_ps(p);
-  } else {
-    return cpu::load8_as_float(p);
-  }
-}
-
-template <typename T>
-TORCHOPS_TARGET_AVX2 inline void store8f(T* p, __m256 v) {
-  if constexpr (std::is_same_v<T, float>) {
-    _mm256_storeu_ps(p, v);
-  } else {
-    cpu::store8_from_float(p, v);
-  }
-}
-
 // out[j0, j0 + 8 kV) of one row: kV 8-float accumulators stay in registers over the row's nonzeros.
 template <int kV, typename T, typename Index>
 TORCHOPS_TARGET_AVX2 inline void row_tile_avx2(const Index* cols, const T* vals, int64_t len, const T* dense,
@@ -84,9 +64,9 @@ TORCHOPS_TARGET_AVX2 inline void row_tile_avx2(const Index* cols, const T* vals,
   for (int64_t p = 0; p < len; ++p) {
     const __m256 v = _mm256_set1_ps(static_cast<float>(vals[p]));
     const T* d = dense + static_cast<int64_t>(cols[p]) * ld + j0;
-    for (int k = 0; k < kV; ++k) acc[k] = _mm256_fmadd_ps(v, load8f(d + 8 * k), acc[k]);
+    for (int k = 0; k < kV; ++k) acc[k] = _mm256_fmadd_ps(v, cpu::load8_as_float(d + 8 * k), acc[k]);
   }
-  for (int k = 0; k < kV; ++k) store8f(out + j0 + 8 * k, acc[k]);
+  for (int k = 0; k < kV; ++k) cpu::store8_from_float(out + j0 + 8 * k, acc[k]);
 }
 
 template <typename T, typename Index>
@@ -154,7 +134,7 @@ void spmm_into(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& 
                const at::Tensor& out) {
   const int64_t M = out.size(0), N = out.size(1);
   const int64_t ld = row_stride(dense);
-  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_spmm_cpu", [&] {
+  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_spmm_cpu", [&] {
     TORCHOPS_DISPATCH_FLOAT_TYPES(values.scalar_type(), "csr_spmm_cpu", [&] {
       const index_t* pc = crow.const_data_ptr<index_t>();
       const index_t* pk = col.const_data_ptr<index_t>();
@@ -180,7 +160,7 @@ at::Tensor spmm_cpu(const char* op, const at::Tensor& crow_in, const at::Tensor&
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
   const int64_t M = crow.numel() - 1, N = dense_in.size(1);
   check_csr_structure_cpu(op, crow, col, dense_in.size(0));
-  at::Tensor out = at::empty({M, N}, values.options());
+  at::Tensor out = empty_dense_cpu({M, N}, values.scalar_type());
   if (out.numel() == 0) return out;
   spmm_into(crow, col, values, with_unit_column_stride(dense_in), out);
   return out;
@@ -209,18 +189,14 @@ TORCHOPS_TARGET_AVX2 float dot_avx2(const T* a, const T* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
-    s0 = _mm256_fmadd_ps(load8f(a + j), load8f(b + j), s0);
-    s1 = _mm256_fmadd_ps(load8f(a + j + 8), load8f(b + j + 8), s1);
+    s0 = _mm256_fmadd_ps(cpu::load8_as_float(a + j), cpu::load8_as_float(b + j), s0);
+    s1 = _mm256_fmadd_ps(cpu::load8_as_float(a + j + 8), cpu::load8_as_float(b + j + 8), s1);
   }
   if (j + 8 <= n) {
-    s0 = _mm256_fmadd_ps(load8f(a + j), load8f(b + j), s0);
+    s0 = _mm256_fmadd_ps(cpu::load8_as_float(a + j), cpu::load8_as_float(b + j), s0);
     j += 8;
   }
-  const __m256 s = _mm256_add_ps(s0, s1);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  float r = _mm_cvtss_f32(h);
+  float r = cpu::hsum8(_mm256_add_ps(s0, s1));
   for (; j < n; ++j) r += static_cast<float>(a[j]) * static_cast<float>(b[j]);
   return r;
 }
@@ -240,11 +216,11 @@ at::Tensor csr_sddmm_cpu(const at::Tensor& crow_in, const at::Tensor& col_in, co
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   check_csr_structure_cpu(op, crow, col, dense.size(0));
   const int64_t M = crow.numel() - 1, N = dense.size(1), nnz = col.numel();
-  at::Tensor out = at::empty({nnz}, grad_out.options());
+  at::Tensor out = empty_dense_cpu({nnz}, grad_out.scalar_type());
   if (nnz == 0) return out;
   const at::Tensor a = with_unit_column_stride(grad_out), b = with_unit_column_stride(dense);
   const int64_t lda = row_stride(a), ldb = row_stride(b);
-  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_sddmm_cpu", [&] {
+  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_sddmm_cpu", [&] {
     TORCHOPS_DISPATCH_FLOAT_TYPES(out.scalar_type(), "csr_sddmm_cpu", [&] {
       const index_t* pc = crow.const_data_ptr<index_t>();
       const index_t* pk = col.const_data_ptr<index_t>();
@@ -283,15 +259,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cpu(const at::Tenso
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   check_csr_structure_cpu(op, crow, col, K);
   const int64_t M = crow.numel() - 1, nnz = col.numel();
-  at::Tensor t_crow = at::zeros({K + 1}, crow.options());
-  at::Tensor t_col = at::empty({nnz}, crow.options());
-  at::Tensor t_perm = at::empty({nnz}, crow.options());
-  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_transpose_cpu", [&] {
+  const auto dtype = crow.scalar_type();
+  at::Tensor t_crow = empty_dense_cpu({K + 1}, dtype), t_col = empty_dense_cpu({nnz}, dtype),
+             t_perm = empty_dense_cpu({nnz}, dtype);
+  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_transpose_cpu", [&] {
     const index_t* pc = crow.const_data_ptr<index_t>();
     const index_t* pk = col.const_data_ptr<index_t>();
     index_t* tc = t_crow.mutable_data_ptr<index_t>();
     index_t* tk = t_col.mutable_data_ptr<index_t>();
     index_t* tp = t_perm.mutable_data_ptr<index_t>();
+    std::fill(tc, tc + K + 1, index_t(0));
     for (int64_t p = 0; p < nnz; ++p) ++tc[pk[p] + 1];  // column counts
     for (int64_t k = 0; k < K; ++k) tc[k + 1] += tc[k];  // exclusive offsets
     std::vector<index_t> next(tc, tc + K);

@@ -22,7 +22,6 @@
 // carries to it would round twice, which cancellation between the parts can turn into a large error.)
 // Indices are never validated here (no host sync): see csr_cuda.cuh for how malformed ones stay in bounds.
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -34,14 +33,12 @@
 #include "../common/csr_cuda.cuh"
 #include "../common/cuda_utils.cuh"
 #include "../common/dispatch.h"
+#include "../common/empty.h"
 
 namespace torchops {
 namespace {
 
 using namespace torchops::cuda;
-
-constexpr int kWarpsPerBlock = 4;
-constexpr int kThreads = kWarpsPerBlock * kWarpSize;
 
 template <typename T, typename Index>
 struct SpmmArgs {
@@ -57,14 +54,6 @@ struct SpmmArgs {
   int64_t* carry_row;  // units: the row a unit's carry belongs to, or -1
   opmath_t<T>* head;   // units x N, 16-bit T only (else null): unit u > 0's part of row start.row when it ends there
 };
-
-template <typename T, int V>
-__device__ __forceinline__ AlignedVector<T, V> zero_vector() {
-  AlignedVector<T, V> z;
-#pragma unroll
-  for (int e = 0; e < V; ++e) z.val[e] = static_cast<T>(0.f);
-  return z;
-}
 
 // Adds the partial sums of the warp's 32 / G lane groups (butterfly: every group ends with the same,
 // order-independent bits, as IEEE addition is commutative).
@@ -82,7 +71,7 @@ __device__ __forceinline__ void sum_over_groups(Acc (&acc)[V]) {
 // (Tried on the H200: gathering a whole chunk of nonzeros across row boundaries before accumulating
 // needed ~110 registers instead of ~60, and the lost occupancy made every graph 1.3-2x slower.)
 template <typename T, typename Index, int V, int G>
-__global__ void __launch_bounds__(kThreads) csr_spmm_kernel(const SpmmArgs<T, Index> a) {
+__global__ void __launch_bounds__(kWarpBlockThreads) csr_spmm_kernel(const SpmmArgs<T, Index> a) {
   using acc_t = opmath_t<T>;
   using Vec = AlignedVector<T, V>;
   constexpr int kGroups = kWarpSize / G;
@@ -233,27 +222,26 @@ __global__ void __launch_bounds__(kCarryThreads) csr_spmm_carry_kernel(const Spm
 template <typename T, typename Index, int V, int G>
 void launch_config(SpmmArgs<T, Index> a, const at::Tensor& like, cudaStream_t stream) {
   constexpr auto kKernel = csr_spmm_kernel<T, Index, V, G>;
-  const auto part = merge_partition(a.M, a.nnz, a.column_tiles, resident_warps<kKernel, kThreads>(like.get_device()));
+  const auto part =
+      merge_partition(a.M, a.nnz, a.column_tiles, resident_warps<kKernel, kWarpBlockThreads>(like.get_device()));
   a.per_unit = part.per_unit;
   a.units = part.units;
-  at::Tensor carry = at::detail::empty_cuda({a.units * a.N}, c10::CppTypeToScalarType<opmath_t<T>>::value,
-                                            like.device(), std::nullopt);
-  at::Tensor carry_row = at::detail::empty_cuda({a.units}, at::kLong, like.device(), std::nullopt);
+  constexpr auto kAccType = c10::CppTypeToScalarType<opmath_t<T>>::value;
+  at::Tensor carry = empty_dense_cuda({a.units * a.N}, kAccType, like.device());
+  at::Tensor carry_row = empty_dense_cuda({a.units}, at::kLong, like.device());
   a.carry = carry.mutable_data_ptr<opmath_t<T>>();
   a.carry_row = carry_row.mutable_data_ptr<int64_t>();
   at::Tensor head;
   a.head = nullptr;
   if constexpr (!std::is_same_v<T, opmath_t<T>>) {
-    head = at::detail::empty_cuda({a.units * a.N}, c10::CppTypeToScalarType<opmath_t<T>>::value, like.device(),
-                                  std::nullopt);
+    head = empty_dense_cuda({a.units * a.N}, kAccType, like.device());
     a.head = head.mutable_data_ptr<opmath_t<T>>();
   }
   const dim3 grid(blocks_to_cover(a.units, kWarpsPerBlock),
-                  static_cast<unsigned int>(std::min<int64_t>(a.column_tiles, 65535)));
-  kKernel<<<grid, kThreads, 0, stream>>>(a);
+                  static_cast<unsigned int>(std::min<int64_t>(a.column_tiles, kMaxGridYZ)));
+  kKernel<<<grid, kWarpBlockThreads, 0, stream>>>(a);
   TORCHOPS_CUDA_LAUNCH_CHECK();
-  const dim3 carry_grid(blocks_to_cover(a.units, 1),
-                        static_cast<unsigned int>(std::min<int64_t>((a.N + kCarryWidth - 1) / kCarryWidth, 65535)));
+  const dim3 carry_grid(blocks_to_cover(a.units, 1), std::min(blocks_to_cover(a.N, kCarryWidth), kMaxGridYZ));
   csr_spmm_carry_kernel<T, Index><<<carry_grid, kCarryThreads, 0, stream>>>(a);
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
@@ -273,7 +261,7 @@ constexpr double kL2Share = 0.7;
 
 template <typename T, typename Index>
 void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream_t stream) {
-  constexpr int kMaxV = 16 / static_cast<int>(sizeof(T));
+  constexpr int kMaxV = vector_size<T>();
   int g = kWarpSize;
   if (v == kMaxV) {
     const int64_t vectors = (a.N + v - 1) / v;  // per row
@@ -285,23 +273,22 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
     }
   }
   a.column_tiles = (a.N + int64_t{g} * v - 1) / (int64_t{g} * v);
-  if (v == kMaxV) {
-    if (g == 4) {
-      launch_config<T, Index, kMaxV, 4>(a, like, stream);
-    } else if (g == 8) {
-      launch_config<T, Index, kMaxV, 8>(a, like, stream);
-    } else if (g == 16) {
-      launch_config<T, Index, kMaxV, 16>(a, like, stream);
+  with_vector_size<T>(v, [&](auto vector) {
+    constexpr int V = decltype(vector)::value;
+    if constexpr (V == kMaxV) {
+      if (g == 4) {
+        launch_config<T, Index, V, 4>(a, like, stream);
+      } else if (g == 8) {
+        launch_config<T, Index, V, 8>(a, like, stream);
+      } else if (g == 16) {
+        launch_config<T, Index, V, 16>(a, like, stream);
+      } else {
+        launch_config<T, Index, V, kWarpSize>(a, like, stream);
+      }
     } else {
-      launch_config<T, Index, kMaxV, kWarpSize>(a, like, stream);
+      launch_config<T, Index, V, kWarpSize>(a, like, stream);
     }
-  } else if (v == 1) {
-    launch_config<T, Index, 1, kWarpSize>(a, like, stream);
-  } else if (v == 2) {
-    if constexpr (kMaxV > 2) launch_config<T, Index, 2, kWarpSize>(a, like, stream);
-  } else if (v == 4) {
-    if constexpr (kMaxV > 4) launch_config<T, Index, 4, kWarpSize>(a, like, stream);
-  }
+  });
 }
 
 // out (M x N) for arguments that passed check_csr_spmm_args.
@@ -309,12 +296,12 @@ at::Tensor spmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const 
                      const at::Tensor& dense_in) {
   const c10::cuda::CUDAGuard device_guard(values_in.device());
   const int64_t M = crow_in.numel() - 1, K = dense_in.size(0), N = dense_in.size(1);
-  at::Tensor out = at::detail::empty_cuda({M, N}, values_in.scalar_type(), values_in.device(), std::nullopt);
+  at::Tensor out = empty_dense_cuda({M, N}, values_in.scalar_type(), values_in.device());
   if (out.numel() == 0) return out;
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
   const at::Tensor dense = with_unit_column_stride(dense_in);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_spmm_cuda", [&] {
+  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_spmm_cuda", [&] {
     TORCHOPS_DISPATCH_FLOAT_TYPES(values.scalar_type(), "csr_spmm_cuda", [&] {
       SpmmArgs<scalar_t, index_t> a{};
       a.crow = crow.const_data_ptr<index_t>();

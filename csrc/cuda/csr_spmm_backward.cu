@@ -12,9 +12,7 @@
 //   ascending within a column, so csr_spmm over the transpose sums in a fixed order: the dense gradient is
 //   deterministic (bit-identical run to run).
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/EmptyTensor.h>
 #include <ATen/ops/sort.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -26,15 +24,12 @@
 #include "../common/csr_cuda.cuh"
 #include "../common/cuda_utils.cuh"
 #include "../common/dispatch.h"
+#include "../common/empty.h"
 
 namespace torchops {
 namespace {
 
 using namespace torchops::cuda;
-
-constexpr int kWarpsPerBlock = 4;
-constexpr int kThreads = kWarpsPerBlock * kWarpSize;
-constexpr int kElementwiseThreads = 256;
 
 // ------------------------------------------------------------------------------------------------- sddmm
 
@@ -52,7 +47,7 @@ struct SddmmArgs {
 };
 
 template <typename T, typename Index, int V>
-__global__ void __launch_bounds__(kThreads) csr_sddmm_kernel(const SddmmArgs<T, Index> s) {
+__global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_kernel(const SddmmArgs<T, Index> s) {
   using acc_t = opmath_t<T>;
   using Vec = AlignedVector<T, V>;
   constexpr int kBatch = 4;
@@ -81,8 +76,7 @@ __global__ void __launch_bounds__(kThreads) csr_sddmm_kernel(const SddmmArgs<T, 
       if (first_ok) {
         x = load_vector<T, V>(arow + j0, 0);
       } else {
-#pragma unroll
-        for (int e = 0; e < V; ++e) x.val[e] = static_cast<T>(0.f);
+        x = zero_vector<T, V>();
       }
 #pragma unroll
       for (int e = 0; e < V; ++e) a0[e] = static_cast<acc_t>(x.val[e]);
@@ -109,8 +103,7 @@ __global__ void __launch_bounds__(kThreads) csr_sddmm_kernel(const SddmmArgs<T, 
           if (ok[u] && first_ok) {
             x[u] = load_vector<T, V>(brow[u] + j0, 0);
           } else {
-#pragma unroll
-            for (int e = 0; e < V; ++e) x[u].val[e] = static_cast<T>(0.f);
+            x[u] = zero_vector<T, V>();
           }
         }
 #pragma unroll
@@ -128,8 +121,7 @@ __global__ void __launch_bounds__(kThreads) csr_sddmm_kernel(const SddmmArgs<T, 
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-#pragma unroll
-          for (int off = kWarpSize / 2; off > 0; off /= 2) dot[u] += __shfl_xor_sync(kFullWarpMask, dot[u], off);
+          dot[u] = warp_sum(dot[u]);
           if (k + u < ke && lane == k + u) mine = dot[u];
         }
       }
@@ -142,10 +134,10 @@ __global__ void __launch_bounds__(kThreads) csr_sddmm_kernel(const SddmmArgs<T, 
 template <typename T, typename Index, int V>
 void launch_sddmm_config(SddmmArgs<T, Index> s, int device, cudaStream_t stream) {
   constexpr auto kKernel = csr_sddmm_kernel<T, Index, V>;
-  const auto part = merge_partition(s.M, s.nnz, 1, resident_warps<kKernel, kThreads>(device));
+  const auto part = merge_partition(s.M, s.nnz, 1, resident_warps<kKernel, kWarpBlockThreads>(device));
   s.per_unit = part.per_unit;
   s.units = part.units;
-  kKernel<<<blocks_to_cover(s.units, kWarpsPerBlock), kThreads, 0, stream>>>(s);
+  kKernel<<<blocks_to_cover(s.units, kWarpsPerBlock), kWarpBlockThreads, 0, stream>>>(s);
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
@@ -154,14 +146,14 @@ at::Tensor csr_sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, c
   check_csr_sddmm_args("_csr_sddmm", crow_in, col_in, grad_out, dense);
   const c10::cuda::CUDAGuard device_guard(grad_out.device());
   const int64_t nnz = col_in.numel();
-  at::Tensor out = at::detail::empty_cuda({nnz}, grad_out.scalar_type(), grad_out.device(), std::nullopt);
+  at::Tensor out = empty_dense_cuda({nnz}, grad_out.scalar_type(), grad_out.device());
   if (nnz == 0) return out;
   const int64_t M = crow_in.numel() - 1, K = dense.size(0), N = dense.size(1);
   if (N == 0 || M == 0) return out.zero_();  // empty dot products (M = 0 with nnz > 0 is malformed)
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   const at::Tensor a = with_unit_column_stride(grad_out), b = with_unit_column_stride(dense);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_sddmm_cuda", [&] {
+  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_sddmm_cuda", [&] {
     TORCHOPS_DISPATCH_FLOAT_TYPES(out.scalar_type(), "csr_sddmm_cuda", [&] {
       SddmmArgs<scalar_t, index_t> s{};
       s.crow = crow.const_data_ptr<index_t>();
@@ -176,16 +168,9 @@ at::Tensor csr_sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, c
       s.N = N;
       s.nnz = nnz;
       const int v = std::min(lane_vector_size<scalar_t>(N, s.lda, s.a), lane_vector_size<scalar_t>(N, s.ldb, s.b));
-      constexpr int kMaxV = 16 / static_cast<int>(sizeof(scalar_t));
-      if (v == 1) {
-        launch_sddmm_config<scalar_t, index_t, 1>(s, out.get_device(), stream);
-      } else if (v == 2) {
-        launch_sddmm_config<scalar_t, index_t, 2>(s, out.get_device(), stream);
-      } else if (v == 4) {
-        if constexpr (kMaxV >= 4) launch_sddmm_config<scalar_t, index_t, 4>(s, out.get_device(), stream);
-      } else {
-        if constexpr (kMaxV >= 8) launch_sddmm_config<scalar_t, index_t, 8>(s, out.get_device(), stream);
-      }
+      with_vector_size<scalar_t>(v, [&](auto vector) {
+        launch_sddmm_config<scalar_t, index_t, decltype(vector)::value>(s, out.get_device(), stream);
+      });
     });
   });
   return out;
@@ -233,23 +218,20 @@ __global__ void transpose_rows_kernel(const Index* crow, int64_t M, const int64_
   }
 }
 
-unsigned int elementwise_blocks(int64_t n) {
-  return std::min(blocks_to_cover(n, kElementwiseThreads), 65535u * 32u);
-}
-
 template <typename Index, typename Key>
 void transpose_into(const at::Tensor& crow, const at::Tensor& col, int64_t K, const at::Tensor& t_crow,
                     const at::Tensor& t_col, const at::Tensor& t_perm, cudaStream_t stream) {
   const int64_t M = crow.numel() - 1, nnz = col.numel();
-  at::Tensor keys = at::detail::empty_cuda({nnz}, c10::CppTypeToScalarType<Key>::value, col.device(), std::nullopt);
-  transpose_keys_kernel<Index, Key><<<elementwise_blocks(nnz), kElementwiseThreads, 0, stream>>>(
+  at::Tensor keys = empty_dense_cuda({nnz}, c10::CppTypeToScalarType<Key>::value, col.device());
+  const unsigned int entry_blocks = blocks_to_cover(nnz, kIndexLoopThreads);
+  transpose_keys_kernel<Index, Key><<<entry_blocks, kIndexLoopThreads, 0, stream>>>(
       col.const_data_ptr<Index>(), keys.mutable_data_ptr<Key>(), nnz, K);
   TORCHOPS_CUDA_LAUNCH_CHECK();
   const auto [sorted, perm] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);
-  transpose_offsets_kernel<Key, Index><<<elementwise_blocks(K + 1), kElementwiseThreads, 0, stream>>>(
+  transpose_offsets_kernel<Key, Index><<<blocks_to_cover(K + 1, kIndexLoopThreads), kIndexLoopThreads, 0, stream>>>(
       sorted.const_data_ptr<Key>(), nnz, t_crow.mutable_data_ptr<Index>(), K);
   TORCHOPS_CUDA_LAUNCH_CHECK();
-  transpose_rows_kernel<Index><<<elementwise_blocks(nnz), kElementwiseThreads, 0, stream>>>(
+  transpose_rows_kernel<Index><<<entry_blocks, kIndexLoopThreads, 0, stream>>>(
       crow.const_data_ptr<Index>(), M, perm.const_data_ptr<int64_t>(), t_col.mutable_data_ptr<Index>(),
       t_perm.mutable_data_ptr<Index>(), nnz);
   TORCHOPS_CUDA_LAUNCH_CHECK();
@@ -263,13 +245,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cuda(const at::Tens
   const c10::cuda::CUDAGuard device_guard(crow_in.device());
   const int64_t nnz = col_in.numel();
   const auto dtype = crow_in.scalar_type();
-  at::Tensor t_col = at::detail::empty_cuda({nnz}, dtype, crow_in.device(), std::nullopt);
-  at::Tensor t_perm = at::detail::empty_cuda({nnz}, dtype, crow_in.device(), std::nullopt);
-  if (nnz == 0) return {at::zeros({K + 1}, crow_in.options()), t_col, t_perm};
-  at::Tensor t_crow = at::detail::empty_cuda({K + 1}, dtype, crow_in.device(), std::nullopt);
+  at::Tensor t_col = empty_dense_cuda({nnz}, dtype, crow_in.device());
+  at::Tensor t_perm = empty_dense_cuda({nnz}, dtype, crow_in.device());
+  at::Tensor t_crow = empty_dense_cuda({K + 1}, dtype, crow_in.device());
+  if (nnz == 0) return {t_crow.zero_(), t_col, t_perm};
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_INDEX_TYPES(dtype, "csr_transpose_cuda", [&] {
+  TORCHOPS_DISPATCH_INDEX_TYPES(dtype, "csr_transpose_cuda", [&] {
     if (K < std::numeric_limits<int32_t>::max()) {  // 32-bit keys sort in half the passes
       transpose_into<index_t, int32_t>(crow, col, K, t_crow, t_col, t_perm, stream);
     } else {
