@@ -21,6 +21,18 @@ INT_DTYPES = (torch.int32, torch.int64)
 FLOAT_AND_INT_DTYPES = FLOAT_DTYPES + INT_DTYPES
 
 
+# Dtypes no op supports, spelled as c10::toString does too, so a rejected dtype reads the same from a fake and a
+# real kernel; looked up by name since not every torch build has every one.
+_EXOTIC_DTYPE_NAMES = {
+    getattr(torch, name): cpp
+    for name, cpp in (("uint16", "UInt16"), ("uint32", "UInt32"), ("uint64", "UInt64"), ("complex32", "ComplexHalf"),
+                      ("float8_e4m3fn", "Float8_e4m3fn"), ("float8_e4m3fnuz", "Float8_e4m3fnuz"),
+                      ("float8_e5m2", "Float8_e5m2"), ("float8_e5m2fnuz", "Float8_e5m2fnuz"),
+                      ("float8_e8m0fnu", "Float8_e8m0fnu"))
+    if hasattr(torch, name)
+}
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     # c10::toString spelling, so fake and real kernels raise the same text.
     return {
@@ -36,6 +48,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
         torch.bool: "Bool",
         torch.complex64: "ComplexFloat",
         torch.complex128: "ComplexDouble",
+        **_EXOTIC_DTYPE_NAMES,
     }.get(dtype, str(dtype))
 
 

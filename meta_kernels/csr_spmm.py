@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, check, dtype_in, same_device, same_dtype
+from meta_kernels._checks import FLOAT_DTYPES, INT_DTYPES, check, dtype_in, same_device, same_dtype
 
-INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _one_d(op: str, t: tuple[str, torch.Tensor]) -> None:
@@ -26,7 +25,7 @@ def check_csr_indices(op: str, crow: tuple[str, torch.Tensor], col: tuple[str, t
     _one_d(op, crow)
     _one_d(op, col)
     check(crow[1].numel() >= 1, op, "crow_empty", x=crow[0])
-    dtype_in(op, crow, INDEX_DTYPES)
+    dtype_in(op, crow, INT_DTYPES)
     same_dtype(op, crow, col)
 
 

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
+from meta_kernels._checks import INT_DTYPES
 from torchops._polyfills import traced_as
 
 __all__ = ["add_rms_norm", "csr_spmm", "rms_norm", "spmm", "swiglu", "vector_add"]
@@ -189,7 +190,7 @@ def _check_csr_invariants(op: str, crow: Tensor, col: Tensor, dense: Tensor) -> 
     op, which names them. Meta and fake tensors (torch.compile, torch.export, FakeTensorMode) have no data
     to read: they are not checked.
     """
-    if (crow.dim() != 1 or col.dim() != 1 or crow.numel() < 1 or crow.dtype not in (torch.int32, torch.int64)
+    if (crow.dim() != 1 or col.dim() != 1 or crow.numel() < 1 or crow.dtype not in INT_DTYPES
             or dense.dim() != 2):
         return
     if crow.is_meta or col.is_meta or torch._guards.detect_fake_mode((crow, col)) is not None:

@@ -84,16 +84,11 @@ at::Tensor add_terms(const at::Tensor& a, const at::Tensor& b) {
   return !a.defined() ? b : !b.defined() ? a : a + b;
 }
 
-// The dtype the row math runs in: float64 for float64 input, float32 otherwise (as the kernels do).
-at::ScalarType compute_dtype(const at::Tensor& input) {
-  return input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 // x̂ = x rstd and rstd, in ATen ops (differentiable in x to any order), in the compute dtype.
 struct Normalized {
   at::Tensor rstd, xhat;
   Normalized(const at::Tensor& input, double eps) {
-    const at::Tensor x = input.to(compute_dtype(input));
+    const at::Tensor x = input.to(norm_stat_dtype(input.scalar_type()));
     rstd = (x * x).mean({-1}, /*keepdim=*/true).add(eps).rsqrt();
     xhat = x * rstd;
   }

@@ -25,7 +25,7 @@ void check_norm_input(const char* op, NamedTensor input, const std::optional<at:
   TORCH_SYM_CHECK(w.sym_size(0).sym_eq(n), "myns::", op, ": weight must be 1-D of size ", n, " (", input.name,
                   "'s last dimension), got shape ", w.sym_sizes());
   const auto dtype = input.tensor.scalar_type();
-  const bool reduced = dtype == at::kHalf || dtype == at::kBFloat16;
+  const bool reduced = is_16bit_float_dtype(dtype);
   TORCHOPS_CHECK(w.scalar_type() == dtype || (reduced && w.scalar_type() == at::kFloat), op,
                  "weight must have ", input.name, "'s dtype (", dtype, ")", reduced ? " or Float" : "", ", got ",
                  w.scalar_type());
