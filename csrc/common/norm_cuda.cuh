@@ -65,6 +65,45 @@ struct Processor {
   __device__ static int in_block() { return kBlockPerRow ? 0 : threadIdx.x / kWarpSize; }
 };
 
+// Thread-block clusters (sm_90+): the calling CTA's rank and count in its cluster, a barrier over the
+// cluster's threads (release / acquire: shared-memory writes before it are visible to every peer after
+// it), and a peer CTA's copy of a __shared__ variable. The host launches cluster kernels only on sm_90+.
+__device__ __forceinline__ unsigned int cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned int v;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
+  return v;
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ unsigned int cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned int v;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(v));
+  return v;
+#else
+  return 1;
+#endif
+}
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+template <typename S>
+__device__ __forceinline__ const S* cluster_peer(const S* local, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint64_t remote;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(remote) : "l"(reinterpret_cast<uint64_t>(local)), "r"(rank));
+  return reinterpret_cast<const S*>(remote);
+#else
+  return local;
+#endif
+}
+
 // Sum over the threads of one row processor. Block mode: every thread of the block must call it (it syncs);
 // `scratch` holds one value per warp.
 template <bool kBlockPerRow, typename S>

@@ -3,7 +3,10 @@
 // the two sets of instantiations compile in parallel. See rms_norm.cu for the kernel's design.
 #pragma once
 
+#include <cstdlib>
 #include <type_traits>
+
+#include <c10/util/BFloat16.h>
 
 #include "../common/dispatch.h"
 #include "../common/norm_cuda.cuh"
@@ -72,25 +75,47 @@ __device__ __forceinline__ AlignedVector<T, kC> normalize(const AlignedVector<T,
 }
 
 // rstd may be null (the plain ops); otherwise rstd[row]. residual / h_out only with kAdd.
-template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow, bool kAdd, int kMaxThreads, int kMinBlocks>
+// kCluster: a row is split over the CTAs of a thread-block cluster (block mode only), CTA k of the cluster
+// taking the contiguous part [k * part_chunks, (k + 1) * part_chunks) of the row's chunks; their sums of
+// squares meet in distributed shared memory. Long rows then keep a cluster's worth in registers with small
+// CTAs, several per SM, so one row's reduction overlaps another's loads (one 512-thread CTA holding a
+// whole 64 KiB row left the SM idle during each row's reduction: 84% of copy).
+template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow, bool kAdd, int kMaxThreads, int kMinBlocks,
+          bool kCluster = false>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     norm_forward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                         int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
                         opmath_t<T> offset, T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows,
-                        int64_t n, opmath_t<T> eps) {
+                        int64_t n, opmath_t<T> eps, int part_chunks = 0) {
   using A = opmath_t<T>;
   using S = RowSum<T>;
   using P = Processor<kBlockPerRow>;
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
+  static_assert(!kCluster || kBlockPerRow, "a cluster splits block rows");
   __shared__ S scratch[kWarpSize];
-  const int tid = P::tid(), threads = P::threads();
+  const int threads = P::threads();
   // exact: the vector path requires n % kC == 0. 32-bit column math (n < 2^31, checked at launch): with
   // 64-bit chunk indices ptxas spent ~2 registers per kept chunk on addresses.
-  const int n_chunks = static_cast<int>(n / kC);
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * P::per_block() + P::in_block();
-  const int64_t row_step = static_cast<int64_t>(gridDim.x) * P::per_block();
-  for (int64_t row = first_row; row < rows; row += row_step) {  // uniform over the processor
+  int n_chunks = static_cast<int>(n / kC);
+  int tid = P::tid();  // this thread's first chunk of the row: chunks tid, tid + threads, ... below n_chunks
+  int64_t first_row = static_cast<int64_t>(blockIdx.x) * P::per_block() + P::in_block();
+  int64_t row_step = static_cast<int64_t>(gridDim.x) * P::per_block();
+  [[maybe_unused]] int cluster_size = 1;
+  [[maybe_unused]] unsigned int rank = 0;
+  if constexpr (kCluster) {
+    cluster_size = static_cast<int>(cluster_blocks());
+    rank = cluster_rank();
+    tid += static_cast<int>(rank) * part_chunks;
+    n_chunks = min(n_chunks, static_cast<int>(rank + 1) * part_chunks);
+    first_row = blockIdx.x / cluster_size;
+    row_step = gridDim.x / cluster_size;
+  }
+  // The cluster's partial sums, one slot per row parity: a CTA rewrites a slot two rows later, after the
+  // next row's cluster barrier, which every CTA reaches only after reading this row's partials.
+  [[maybe_unused]] __shared__ S cluster_partial[2];
+  int parity = 0;
+  for (int64_t row = first_row; row < rows; row += row_step, parity ^= 1) {  // uniform over the processor
     const T* xr = x + row * x_row_stride;
     const T* rr = kAdd ? residual + row * residual_row_stride : nullptr;
     T* hr = kAdd ? h_out + row * n : nullptr;
@@ -133,8 +158,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) keep_packed(cache[s]);
     ss = row_sum<kBlockPerRow>(ss, scratch);
+    if constexpr (kCluster) {
+      if (threadIdx.x == 0) cluster_partial[parity] = ss;
+      cluster_barrier();  // release this CTA's partial, acquire every peer's
+      ss = 0;
+      for (int k = 0; k < cluster_size; ++k) ss += *cluster_peer(&cluster_partial[parity], k);  // rank order
+    }
     const A r = inverse_rms(ss, n, eps);
-    if (rstd != nullptr && tid == 0) rstd[row] = r;
+    if (rstd != nullptr && P::tid() == 0 && rank == 0) rstd[row] = r;
     if (weight != nullptr) {
 #pragma unroll
       for (int g = 0; g < kSlots; g += kWeightGroup) {
@@ -166,6 +197,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       }
     }
   }
+  if constexpr (kCluster) cluster_barrier();  // peers may still read this CTA's partials: stay until they are done
 }
 
 // The pointers of one forward launch.
@@ -187,18 +219,108 @@ struct AddForwardShapes {
   static constexpr int kUnits = 4, kThreads = 512, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
 };
 
+// EXPERIMENT KNOBS (removed after measuring): read once per process.
+inline int norm_knob(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 ? std::atoi(v) : fallback;
+}
+inline int cluster_cta_threads() {  // 0: no clusters
+  static const int v = norm_knob("TORCHOPS_NORM_CLUSTER", 256);
+  return v;
+}
+inline int warp_min_blocks() {
+  static const int v = norm_knob("TORCHOPS_NORM_WARP_MB", 1);
+  return v;
+}
+template <typename T, typename W>
+constexpr bool kExperimentTypes =
+    std::is_same_v<T, W> && (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>);
+
+constexpr int kMaxCluster = 8;  // the portable cluster size limit
+
+template <typename T, typename W, int kUnits, bool kAdd, int kThreads, int kMinBlocks>
+void launch_forward_cluster(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, int cluster, int threads,
+                            int part_chunks, double eps, double offset, cudaStream_t stream) {
+  constexpr int kC = vector_size<T>();
+  const auto kernel = norm_forward_kernel<T, W, kUnits, kC, true, kAdd, kThreads, kMinBlocks, true>;
+  const int64_t clusters = std::min<int64_t>(rows, INT32_MAX / kMaxCluster);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned int>(clusters * cluster));
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out,
+                                    a.weight, static_cast<opmath_t<T>>(offset), a.y, a.rstd, rows, n,
+                                    static_cast<opmath_t<T>>(eps), part_chunks));
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
+// A row too long for one CTA's registers split over a cluster of up to kMaxCluster CTAs of cta_threads
+// threads x kUnits units; false when the row is short enough for one CTA, too long for a cluster, or the
+// device has no clusters.
+template <typename T, typename W, typename Shapes, bool kAdd>
+bool try_launch_forward_cluster(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
+                                cudaStream_t stream, int device) {
+  constexpr int kC = vector_size<T>();
+  constexpr int kUnits = Shapes::kUnits;
+  const int cta_threads = cluster_cta_threads();
+  if (cta_threads == 0 || device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9) return false;
+  const int64_t n_chunks = n / kC;
+  const int64_t per_cta = static_cast<int64_t>(cta_threads) * kUnits;
+  const int64_t single = kAdd ? std::max<int64_t>(per_cta, int64_t{Shapes::kThreads} * kUnits) : per_cta;
+  if (n_chunks <= single || n_chunks > per_cta * kMaxCluster) return false;
+  const int cluster = static_cast<int>((n_chunks + per_cta - 1) / per_cta);
+  const int part = static_cast<int>((n_chunks + cluster - 1) / cluster);
+  const int warps = ((part + kUnits - 1) / kUnits + kWarpSize - 1) / kWarpSize;
+  const int threads = std::max(kMinRowThreads, warps * kWarpSize);
+  if constexpr (kExperimentTypes<T, W>) {
+    if (cta_threads == 128) {
+      launch_forward_cluster<T, W, kUnits, kAdd, 128, 4>(a, rows, n, cluster, threads, part, eps, offset, stream);
+      return true;
+    }
+    if (cta_threads == 512) {
+      launch_forward_cluster<T, W, kUnits, kAdd, 512, 1>(a, rows, n, cluster, threads, part, eps, offset, stream);
+      return true;
+    }
+  }
+  if (cta_threads != 256) return false;
+  launch_forward_cluster<T, W, kUnits, kAdd, 256, 2>(a, rows, n, cluster, threads, part, eps, offset, stream);
+  return true;
+}
+
 template <typename T, typename W, int kC, bool kAdd>
 void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, int device) {
   using Shapes = std::conditional_t<kAdd, AddForwardShapes, ForwardShapes>;
   // The kernel's column loops step a 32-bit index by up to a block's threads: it must not wrap.
   TORCH_CHECK(n <= INT32_MAX - Shapes::kLongThreads * kC,
               "rms_norm: rows of 2^31 - 2^13 elements or more are not supported on CUDA, got ", n);
+  if constexpr (kC > 1) {
+    if (try_launch_forward_cluster<T, W, Shapes, kAdd>(a, rows, n, eps, offset, stream, device)) return;
+  }
   const RowConfig cfg = row_config<T, Shapes, kC>(n);
   const unsigned int blocks = blocks_to_cover(rows, cfg.rows_per_block());
   with_row_shape<T, kC, Shapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
-    norm_forward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value, kAdd,
-                        decltype(max_threads)::value, decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
+    constexpr int kSlots = decltype(slots)::value;
+    constexpr bool kBlockPerRow = decltype(block_per_row)::value;
+    if constexpr (!kBlockPerRow && kC > 1 && kExperimentTypes<T, W>) {
+      if ((kSlots <= 4 && warp_min_blocks() == 6) || (kSlots == 1 && warp_min_blocks() == 8)) {
+        norm_forward_kernel<T, W, kSlots, kC, false, kAdd, decltype(max_threads)::value, kSlots == 1 ? 8 : 6>
+            <<<blocks, cfg.threads, 0, stream>>>(a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out,
+                                                 a.weight, static_cast<opmath_t<T>>(offset), a.y, a.rstd, rows, n,
+                                                 static_cast<opmath_t<T>>(eps));
+        TORCHOPS_CUDA_LAUNCH_CHECK();
+        return;
+      }
+    }
+    norm_forward_kernel<T, W, kSlots, kC, kBlockPerRow, kAdd, decltype(max_threads)::value,
+                        decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
         a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<opmath_t<T>>(offset),
         a.y, a.rstd, rows, n, static_cast<opmath_t<T>>(eps));
     TORCHOPS_CUDA_LAUNCH_CHECK();
@@ -208,7 +330,7 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
 // add_rms_norm's launch (add_rms_norm.cu), for the dtype pairs of dispatch_norm_types.
 template <typename T, typename W>
 void launch_add_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset, bool vectors,
-                        cudaStream_t stream);
+                        cudaStream_t stream, int device);
 
 }  // namespace rms_norm_kernels
 }  // namespace torchops
