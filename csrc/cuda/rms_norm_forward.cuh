@@ -81,7 +81,7 @@ __device__ __forceinline__ AlignedVector<T, kC> normalize(const AlignedVector<T,
 // CTAs, several per SM, so one row's reduction overlaps another's loads (one 512-thread CTA holding a
 // whole 64 KiB row left the SM idle during each row's reduction: 84% of copy).
 template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow, bool kAdd, int kMaxThreads, int kMinBlocks,
-          bool kCluster = false>
+          bool kCluster = false, bool kPrefetchWeight = false>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     norm_forward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                         int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
@@ -126,6 +126,16 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       const int c = tid + s * threads;
       if (c < n_chunks) cache[s] = load_vector<T, kC>(xr, c);
     }
+    [[maybe_unused]] WChunk wpre[kPrefetchWeight ? kSlots : 1];
+    if constexpr (kPrefetchWeight) {  // EXPERIMENT: the weight's loads issued with the row's
+      if (weight != nullptr) {
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          const int c = tid + s * threads;
+          if (c < n_chunks) wpre[s] = load_vector<W, kC>(weight, c);
+        }
+      }
+    }
     if constexpr (kAdd) {
       Chunk other[kSlots];
 #pragma unroll
@@ -166,7 +176,13 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     }
     const A r = inverse_rms(ss, n, eps);
     if (rstd != nullptr && P::tid() == 0 && rank == 0) rstd[row] = r;
-    if (weight != nullptr) {
+    if (kPrefetchWeight && weight != nullptr) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        const int c = tid + s * threads;
+        if (c < n_chunks) store_vector<T, kC>(yr, c, normalize(cache[s], wpre[kPrefetchWeight ? s : 0], r, offset));
+      }
+    } else if (weight != nullptr) {
 #pragma unroll
       for (int g = 0; g < kSlots; g += kWeightGroup) {
         WChunk wc[kWeightGroup];
@@ -230,6 +246,10 @@ inline int cluster_cta_threads() {  // 0: no clusters
 }
 inline int warp_min_blocks() {
   static const int v = norm_knob("TORCHOPS_NORM_WARP_MB", 1);
+  return v;
+}
+inline bool warp_prefetch_weight() {
+  static const bool v = norm_knob("TORCHOPS_NORM_WPRE", 0) != 0;
   return v;
 }
 template <typename T, typename W>
@@ -310,14 +330,23 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
     constexpr int kSlots = decltype(slots)::value;
     constexpr bool kBlockPerRow = decltype(block_per_row)::value;
     if constexpr (!kBlockPerRow && kC > 1 && kExperimentTypes<T, W>) {
-      if ((kSlots <= 4 && warp_min_blocks() == 6) || (kSlots == 1 && warp_min_blocks() == 8)) {
-        norm_forward_kernel<T, W, kSlots, kC, false, kAdd, decltype(max_threads)::value, kSlots == 1 ? 8 : 6>
+      const bool prefetch = warp_prefetch_weight();
+      auto go = [&](auto min_blocks_c, auto prefetch_c) {
+        norm_forward_kernel<T, W, kSlots, kC, false, kAdd, decltype(max_threads)::value,
+                            decltype(min_blocks_c)::value, false, decltype(prefetch_c)::value>
             <<<blocks, cfg.threads, 0, stream>>>(a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out,
                                                  a.weight, static_cast<opmath_t<T>>(offset), a.y, a.rstd, rows, n,
                                                  static_cast<opmath_t<T>>(eps));
         TORCHOPS_CUDA_LAUNCH_CHECK();
-        return;
+      };
+      using Six = std::integral_constant<int, 6>;
+      using One = std::integral_constant<int, 1>;
+      if constexpr (kSlots <= 4) {  // 6 blocks: <= 80 registers (8 slots spilled)
+        if (warp_min_blocks() == 6) {
+          return prefetch ? go(Six{}, std::true_type{}) : go(Six{}, std::false_type{});
+        }
       }
+      if (prefetch) return go(One{}, std::true_type{});
     }
     norm_forward_kernel<T, W, kSlots, kC, kBlockPerRow, kAdd, decltype(max_threads)::value,
                         decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
