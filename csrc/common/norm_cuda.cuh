@@ -65,6 +65,17 @@ struct Processor {
   __device__ static int in_block() { return kBlockPerRow ? 0 : threadIdx.x / kWarpSize; }
 };
 
+// Hides a kept chunk's value from the optimizer between the sweeps: otherwise it keeps sweep 1's f32
+// conversions of 16-bit values live until sweep 2 (twice the registers of the packed values) and spills.
+template <typename T, int kC>
+__device__ __forceinline__ void keep_packed(AlignedVector<T, kC>& v) {
+  if constexpr (sizeof(v) % 4 == 0 && !std::is_same_v<T, double>) {
+    auto* words = reinterpret_cast<unsigned int*>(&v);
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(v) / 4); ++i) asm volatile("" : "+r"(words[i]));
+  }
+}
+
 // Thread-block clusters (sm_90+): the calling CTA's rank and count in its cluster, a barrier over the
 // cluster's threads (release / acquire: shared-memory writes before it are visible to every peer after
 // it), and a peer CTA's copy of a __shared__ variable. The host launches cluster kernels only on sm_90+.

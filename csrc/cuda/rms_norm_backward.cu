@@ -113,6 +113,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   __shared__ S scratch[kWarpSize];
   A* dw_acc = reinterpret_cast<A*>(dynamic_smem);
   A* my_acc = dw_acc + P::in_block() * n;
+  // The loops over the rest of a row longer than the kept chunks (block rows only): unrolled in a warp
+  // kernel, where they never run, their loads took registers (up to ~110 more a thread).
+  constexpr int kRestUnroll = kBlockPerRow ? 4 : 1;
   const bool want_dw = a.dw_partial != nullptr;                   // uniform over the grid
   const bool scale_by_w = a.dx != nullptr && a.weight != nullptr;  // the weight enters dx only
   const int procs = P::per_block();
@@ -149,9 +152,16 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       for (int k = 0; k < kSlots; ++k) {
         if (tid + k * threads < n_chunks) s += chunk_dot<A>(hc[k], gc[k], wc[k], scale_by_w, offset);
       }
+#pragma unroll kRestUnroll
       for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
         const WChunk w = scale_by_w ? load_vector<W, kC>(a.weight, c) : WChunk{};
         s += chunk_dot<A>(load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), w, scale_by_w, offset);
+      }
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {  // converted again for dx, not kept live over the reduction
+        keep_packed(hc[k]);
+        keep_packed(gc[k]);
+        keep_packed(wc[k]);
       }
       s = row_sum<kBlockPerRow>(s, scratch);
       const A c3 = static_cast<A>(static_cast<S>(r) * r * r * s / static_cast<S>(n));
@@ -164,6 +174,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
           store_vector<T, kC>(dxr, c, input_grad(hc[k], gc[k], wc[k], scale_by_w, offset, r, c3, dresr, c));
         }
       }
+#pragma unroll kRestUnroll
       for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
         const WChunk w = scale_by_w ? load_vector<W, kC>(a.weight, c) : WChunk{};
         store_vector<T, kC>(dxr, c, input_grad(load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), w, scale_by_w,
@@ -171,11 +182,17 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       }
     }
     if (want_dw) {  // dweight += dy * h * rstd, element-major (see above): lanes hit consecutive banks
+      // The accumulator's addresses are the same every row; hidden from the optimizer here, or it keeps
+      // all kSlots x kC of them live over the row loop (ptxas: ~50 more registers a thread).
+      A* acc = my_acc;
+      int stride = n_chunks;
+      asm volatile("" : "+r"(stride));
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {
         const int c = tid + k * threads;
-        if (c < n_chunks) accumulate_dw(my_acc, n_chunks, c, hc[k], gc[k], r);
+        if (c < n_chunks) accumulate_dw(acc, stride, c, hc[k], gc[k], r);
       }
+#pragma unroll kRestUnroll
       for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
         accumulate_dw(my_acc, n_chunks, c, load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), r);
       }

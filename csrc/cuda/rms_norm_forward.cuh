@@ -44,17 +44,6 @@ __device__ __forceinline__ AlignedVector<T, kC> add_rounded(const AlignedVector<
   return out;
 }
 
-// Hides a kept chunk's value from the optimizer between the sweeps: otherwise it keeps sweep 1's f32
-// conversions of 16-bit values live until sweep 2 (twice the registers of the packed values) and spills.
-template <typename T, int kC>
-__device__ __forceinline__ void keep_packed(AlignedVector<T, kC>& v) {
-  if constexpr (sizeof(v) % 4 == 0 && !std::is_same_v<T, double>) {
-    auto* words = reinterpret_cast<unsigned int*>(&v);
-#pragma unroll
-    for (int i = 0; i < static_cast<int>(sizeof(v) / 4); ++i) asm volatile("" : "+r"(words[i]));
-  }
-}
-
 template <typename T, typename W, int kC, typename A>
 __device__ __forceinline__ AlignedVector<T, kC> normalize(const AlignedVector<T, kC>& v,
                                                           const AlignedVector<W, kC>& w, A r, A offset) {
@@ -93,6 +82,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
   static_assert(!kCluster || kBlockPerRow, "a cluster splits block rows");
+  // The loops over the rest of a row longer than the kept chunks (block rows only): unrolled in a warp
+  // kernel, where they never run, their loads took registers.
+  constexpr int kRestUnroll = kBlockPerRow ? 4 : 1;
   __shared__ S scratch[kWarpSize];
   const int threads = P::threads();
   // exact: the vector path requires n % kC == 0. 32-bit column math (n < 2^31, checked at launch): with
@@ -157,6 +149,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     for (int s = 0; s < kSlots; ++s) {
       if (tid + s * threads < n_chunks) ss += chunk_squares<A>(cache[s]);
     }
+#pragma unroll kRestUnroll
     for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
       Chunk v = load_vector<T, kC>(xr, c);
       if constexpr (kAdd) {
@@ -204,6 +197,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
         if (c < n_chunks) store_vector<T, kC>(yr, c, normalize(cache[s], r));
       }
     }
+#pragma unroll kRestUnroll
     for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
       const Chunk v = kAdd ? load_vector<T, kC>(hr, c) : load_vector<T, kC>(xr, c);
       if (weight != nullptr) {
