@@ -44,6 +44,29 @@ __device__ __forceinline__ AlignedVector<T, kC> add_rounded(const AlignedVector<
   return out;
 }
 
+// EXPERIMENT: streaming (evict-first) accesses for the data read or written once.
+template <bool kStream, typename T, int kC>
+__device__ __forceinline__ AlignedVector<T, kC> load_once(const T* base, int i) {
+  if constexpr (kStream && sizeof(AlignedVector<T, kC>) == 16) {
+    const int4 v = __ldcs(reinterpret_cast<const int4*>(base) + i);
+    AlignedVector<T, kC> out;
+    memcpy(&out, &v, 16);
+    return out;
+  } else {
+    return load_vector<T, kC>(base, i);
+  }
+}
+template <bool kStream, typename T, int kC>
+__device__ __forceinline__ void store_once(T* base, int i, const AlignedVector<T, kC>& v) {
+  if constexpr (kStream && sizeof(AlignedVector<T, kC>) == 16) {
+    int4 w;
+    memcpy(&w, &v, 16);
+    __stcs(reinterpret_cast<int4*>(base) + i, w);
+  } else {
+    store_vector<T, kC>(base, i, v);
+  }
+}
+
 template <typename T, typename W, int kC, typename A>
 __device__ __forceinline__ AlignedVector<T, kC> normalize(const AlignedVector<T, kC>& v,
                                                           const AlignedVector<W, kC>& w, A r, A offset) {
@@ -70,7 +93,7 @@ __device__ __forceinline__ AlignedVector<T, kC> normalize(const AlignedVector<T,
 // CTAs, several per SM, so one row's reduction overlaps another's loads (one 512-thread CTA holding a
 // whole 64 KiB row left the SM idle during each row's reduction: 84% of copy).
 template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow, bool kAdd, int kMaxThreads, int kMinBlocks,
-          bool kCluster = false, bool kPrefetchWeight = false>
+          bool kCluster = false, bool kPrefetchWeight = false, bool kStream = false>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     norm_forward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                         int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
@@ -116,7 +139,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int c = tid + s * threads;
-      if (c < n_chunks) cache[s] = load_vector<T, kC>(xr, c);
+      if (c < n_chunks) cache[s] = load_once<kStream, T, kC>(xr, c);
     }
     [[maybe_unused]] WChunk wpre[kPrefetchWeight ? kSlots : 1];
     if constexpr (kPrefetchWeight) {  // EXPERIMENT: the weight's loads issued with the row's
@@ -133,14 +156,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
         const int c = tid + s * threads;
-        if (c < n_chunks) other[s] = load_vector<T, kC>(rr, c);
+        if (c < n_chunks) other[s] = load_once<kStream, T, kC>(rr, c);
       }
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
         const int c = tid + s * threads;
         if (c < n_chunks) {
           cache[s] = add_rounded<A>(cache[s], other[s]);
-          store_vector<T, kC>(hr, c, cache[s]);
+          store_once<kStream, T, kC>(hr, c, cache[s]);
         }
       }
     }
@@ -173,7 +196,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
         const int c = tid + s * threads;
-        if (c < n_chunks) store_vector<T, kC>(yr, c, normalize(cache[s], wpre[kPrefetchWeight ? s : 0], r, offset));
+        if (c < n_chunks) store_once<kStream, T, kC>(yr, c, normalize(cache[s], wpre[kPrefetchWeight ? s : 0], r, offset));
       }
     } else if (weight != nullptr) {
 #pragma unroll
@@ -187,14 +210,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll
         for (int k = 0; k < kWeightGroup && g + k < kSlots; ++k) {
           const int c = tid + (g + k) * threads;
-          if (c < n_chunks) store_vector<T, kC>(yr, c, normalize(cache[g + k], wc[k], r, offset));
+          if (c < n_chunks) store_once<kStream, T, kC>(yr, c, normalize(cache[g + k], wc[k], r, offset));
         }
       }
     } else {
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
         const int c = tid + s * threads;
-        if (c < n_chunks) store_vector<T, kC>(yr, c, normalize(cache[s], r));
+        if (c < n_chunks) store_once<kStream, T, kC>(yr, c, normalize(cache[s], r));
       }
     }
 #pragma unroll kRestUnroll
@@ -242,6 +265,10 @@ inline int warp_min_blocks() {
   static const int v = norm_knob("TORCHOPS_NORM_WARP_MB", 1);
   return v;
 }
+inline bool streaming_accesses() {
+  static const bool v = norm_knob("TORCHOPS_NORM_STREAM", 0) != 0;
+  return v;
+}
 inline bool warp_prefetch_weight() {
   static const bool v = norm_knob("TORCHOPS_NORM_WPRE", 0) != 0;
   return v;
@@ -252,11 +279,11 @@ constexpr bool kExperimentTypes =
 
 constexpr int kMaxCluster = 8;  // the portable cluster size limit
 
-template <typename T, typename W, int kUnits, bool kAdd, int kThreads, int kMinBlocks>
+template <typename T, typename W, int kUnits, bool kAdd, int kThreads, int kMinBlocks, bool kStream = false>
 void launch_forward_cluster(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, int cluster, int threads,
                             int part_chunks, double eps, double offset, cudaStream_t stream) {
   constexpr int kC = vector_size<T>();
-  const auto kernel = norm_forward_kernel<T, W, kUnits, kC, true, kAdd, kThreads, kMinBlocks, true>;
+  const auto kernel = norm_forward_kernel<T, W, kUnits, kC, true, kAdd, kThreads, kMinBlocks, true, false, kStream>;
   const int64_t clusters = std::min<int64_t>(rows, INT32_MAX / kMaxCluster);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned int>(clusters * cluster));
@@ -302,6 +329,11 @@ bool try_launch_forward_cluster(const ForwardArgs<T, W>& a, int64_t rows, int64_
       launch_forward_cluster<T, W, kUnits, kAdd, 512, 1>(a, rows, n, cluster, threads, part, eps, offset, stream);
       return true;
     }
+    if (cta_threads == 256 && streaming_accesses()) {
+      launch_forward_cluster<T, W, kUnits, kAdd, 256, 2, true>(a, rows, n, cluster, threads, part, eps, offset,
+                                                               stream);
+      return true;
+    }
   }
   if (cta_threads != 256) return false;
   launch_forward_cluster<T, W, kUnits, kAdd, 256, 2>(a, rows, n, cluster, threads, part, eps, offset, stream);
@@ -341,6 +373,16 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
         }
       }
       if (prefetch) return go(One{}, std::true_type{});
+    }
+    if constexpr (kC > 1 && kExperimentTypes<T, W>) {
+      if (streaming_accesses()) {
+        norm_forward_kernel<T, W, kSlots, kC, kBlockPerRow, kAdd, decltype(max_threads)::value,
+                            decltype(min_blocks)::value, false, false, true><<<blocks, cfg.threads, 0, stream>>>(
+            a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight,
+            static_cast<opmath_t<T>>(offset), a.y, a.rstd, rows, n, static_cast<opmath_t<T>>(eps));
+        TORCHOPS_CUDA_LAUNCH_CHECK();
+        return;
+      }
     }
     norm_forward_kernel<T, W, kSlots, kC, kBlockPerRow, kAdd, decltype(max_threads)::value,
                         decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
