@@ -14,10 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <type_traits>
-
-#include <c10/util/BFloat16.h>
+#include <cstdint>
 #include <tuple>
 
 #include "../common/dispatch.h"
@@ -230,21 +227,6 @@ __global__ void norm_dw_columns_kernel(const T* __restrict__ dy, int64_t dy_row_
   dw_partial[static_cast<int64_t>(blockIdx.y) * n + col] = v;
 }
 
-// EXPERIMENT (removed after measuring): 16-bit backward keeping 8 units a thread.
-struct BackwardShapes8 {
-  static constexpr int kUnits = 8, kThreads = 256, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
-};
-struct BackwardShapes4Wide {  // rows of <= 1024 units: launch bound 256 (no spills)
-  static constexpr int kUnits = 4, kThreads = 256, kLongUnits = 4, kLongThreads = 256, kMinBlocks = 1;
-};
-inline int backward_units_knob() {
-  static const int v = [] {
-    const char* e = std::getenv("TORCHOPS_NORM_BWD_UNITS");
-    return e != nullptr && *e != 0 ? std::atoi(e) : 4;
-  }();
-  return v;
-}
-
 // A kernel's resident blocks per SM for (device, block size, dynamic shared memory), asked of the driver
 // once per key: the occupancy query took host time on every backward call. Direct-mapped, lock-free:
 // each slot packs key and value into one word, so a reader sees either a whole entry or a miss.
@@ -267,15 +249,7 @@ class OccupancyCache {
   std::atomic<uint64_t> slots_[kSlots] = {};
 };
 
-inline int backward_warp_min_blocks() {
-  static const int v = [] {
-    const char* e = std::getenv("TORCHOPS_NORM_BWD_WARP_MB");
-    return e != nullptr && *e != 0 ? std::atoi(e) : 1;
-  }();
-  return v;
-}
-
-template <typename T, typename W, int kC, typename BackwardShapes = norm_cuda::BackwardShapes>
+template <typename T, typename W, int kC>
 void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offset, const at::Tensor& grad_weight,
                      const at::Tensor& like, cudaStream_t stream) {
   using A = opmath_t<T>;
@@ -288,17 +262,9 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
   const bool want_dw = grad_weight.defined();
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
   with_row_shape<T, kC, BackwardShapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
-    auto kernel = norm_backward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value,
-                                       decltype(max_threads)::value, decltype(min_blocks)::value>;
-    static OccupancyCache resident_cache, resident_cache_alt;  // one per kernel
-    OccupancyCache* occupancy = &resident_cache;
-    if constexpr (!decltype(block_per_row)::value && kC > 1 && std::is_same_v<T, W> &&
-                  (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>)) {
-      if (backward_warp_min_blocks() == 4) {  // EXPERIMENT: <= 128 registers
-        kernel = norm_backward_kernel<T, W, decltype(slots)::value, kC, false, decltype(max_threads)::value, 4>;
-        occupancy = &resident_cache_alt;
-      }
-    }
+    const auto kernel = norm_backward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value,
+                                             decltype(max_threads)::value, decltype(min_blocks)::value>;
+    static OccupancyCache occupancy;  // one per kernel
     // dweight in shared memory when it fits (opting in above the default 48 KiB), else the column kernel.
     const size_t smem_bytes = static_cast<size_t>(per_block) * n * sizeof(A);
     const size_t smem_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) -
@@ -310,7 +276,7 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
     }
     // A grid as large as fits on the device at once (each block loops over its own chunk of rows), so
     // there are as few dweight partial rows as possible. Fixed for a device and shape: deterministic.
-    const int resident = occupancy->get(device, cfg.threads, smem,
+    const int resident = occupancy.get(device, cfg.threads, smem,
                                             [&] { return resident_blocks_per_sm(kernel, cfg.threads, smem); });
     const int64_t max_blocks = static_cast<int64_t>(sms) * resident;
     const int64_t wanted = (rows + per_block - 1) / per_block;
@@ -384,16 +350,6 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(const at::Tensor& grad_out, con
     const bool vectors = rows_aligned(a.h, a.h_row_stride, n) && rows_aligned(a.dy, a.dy_row_stride, n) &&
                          weight_aligned<T>(a.weight) && (a.dx == nullptr || rows_aligned<T>(a.dx, n, n)) &&
                          (a.dres == nullptr || rows_aligned(a.dres, a.dres_row_stride, n));
-    if constexpr (std::is_same_v<T, W> && std::is_same_v<T, c10::BFloat16>) {
-      if (vectors && backward_units_knob() == 8) {
-        launch_backward<T, W, vector_size<T>(), BackwardShapes8>(a, x.rows, n, weight_offset, gw, h, stream);
-        return;
-      }
-      if (vectors && backward_units_knob() == 41 && n > 2048 && n <= 1024 * vector_size<T>()) {
-        launch_backward<T, W, vector_size<T>(), BackwardShapes4Wide>(a, x.rows, n, weight_offset, gw, h, stream);
-        return;
-      }
-    }
     if (vectors) {
       launch_backward<T, W, vector_size<T>()>(a, x.rows, n, weight_offset, gw, h, stream);
     } else {

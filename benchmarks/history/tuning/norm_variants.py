@@ -2,6 +2,10 @@
 per process), in one GPU call: each variant runs in its own process; peers (copy, F.rms_norm, Liger,
 optionally torch.compile) in another. CUDA-event medians; prints one JSON line per measurement and a table.
 
+The knobs (TORCHOPS_NORM_*) exist only in the kernels of commit 0163eee; they were removed after the run
+written up in norm_variants_h200.md (raw lines: norm_variants_h200.jsonl). On later kernels every variant
+runs the same code: the script is kept as the record of how the numbers were taken.
+
     python benchmarks/history/tuning/norm_variants.py [--out FILE] [--compile]
 """
 
