@@ -10,26 +10,26 @@ namespace rms_norm_kernels {
 
 template <typename T, typename W>
 void launch_add_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset, bool vectors,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, int device) {
   if (vectors) {
-    launch_forward<T, W, vector_size<T>(), true>(a, rows, n, eps, offset, stream);
+    launch_forward<T, W, vector_size<T>(), true>(a, rows, n, eps, offset, stream, device);
   } else {
-    launch_forward<T, W, 1, true>(a, rows, n, eps, offset, stream);
+    launch_forward<T, W, 1, true>(a, rows, n, eps, offset, stream, device);
   }
 }
 
 template void launch_add_forward<double, double>(const ForwardArgs<double, double>&, int64_t, int64_t, double, double,
-                                                 bool, cudaStream_t);
+                                                 bool, cudaStream_t, int);
 template void launch_add_forward<float, float>(const ForwardArgs<float, float>&, int64_t, int64_t, double, double,
-                                               bool, cudaStream_t);
+                                               bool, cudaStream_t, int);
 template void launch_add_forward<c10::Half, c10::Half>(const ForwardArgs<c10::Half, c10::Half>&, int64_t, int64_t,
-                                                       double, double, bool, cudaStream_t);
+                                                       double, double, bool, cudaStream_t, int);
 template void launch_add_forward<c10::Half, float>(const ForwardArgs<c10::Half, float>&, int64_t, int64_t, double,
-                                                   double, bool, cudaStream_t);
+                                                   double, bool, cudaStream_t, int);
 template void launch_add_forward<c10::BFloat16, c10::BFloat16>(const ForwardArgs<c10::BFloat16, c10::BFloat16>&,
-                                                               int64_t, int64_t, double, double, bool, cudaStream_t);
+                                                               int64_t, int64_t, double, double, bool, cudaStream_t, int);
 template void launch_add_forward<c10::BFloat16, float>(const ForwardArgs<c10::BFloat16, float>&, int64_t, int64_t,
-                                                       double, double, bool, cudaStream_t);
+                                                       double, double, bool, cudaStream_t, int);
 
 }  // namespace rms_norm_kernels
 }  // namespace torchops

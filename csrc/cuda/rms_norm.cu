@@ -35,6 +35,7 @@ void forward_cuda_into(const at::Tensor& input, const at::Tensor& residual, cons
                        const at::Tensor& rstd) {
   const c10::cuda::CUDAGuard device_guard(input.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int device = input.device().index();
   const NormRows x = norm_rows(input);
   if (x.rows == 0) return;
   const NormRows res = residual.defined() ? norm_rows(residual) : NormRows{};
@@ -57,10 +58,10 @@ void forward_cuda_into(const at::Tensor& input, const at::Tensor& residual, cons
                          (!add || (rows_aligned(a.residual, a.residual_row_stride, n) && rows_aligned<T>(a.h_out, n, n)));
     constexpr int kV = vector_size<T>();
     if (add) {
-      launch_add_forward<T, W>(a, x.rows, n, eps, weight_offset, vectors, stream);
+      launch_add_forward<T, W>(a, x.rows, n, eps, weight_offset, vectors, stream, device);
     } else {
-      vectors ? launch_forward<T, W, kV, false>(a, x.rows, n, eps, weight_offset, stream)
-              : launch_forward<T, W, 1, false>(a, x.rows, n, eps, weight_offset, stream);
+      vectors ? launch_forward<T, W, kV, false>(a, x.rows, n, eps, weight_offset, stream, device)
+              : launch_forward<T, W, 1, false>(a, x.rows, n, eps, weight_offset, stream, device);
     }
   });
 }

@@ -13,6 +13,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <tuple>
 
 #include "../common/dispatch.h"
@@ -108,6 +110,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   __shared__ S scratch[kWarpSize];
   A* dw_acc = reinterpret_cast<A*>(dynamic_smem);
   A* my_acc = dw_acc + P::in_block() * n;
+  // The loops over the rest of a row longer than the kept chunks (block rows only): unrolled in a warp
+  // kernel, where they never run, their loads took registers (up to ~110 more a thread).
+  constexpr int kRestUnroll = kBlockPerRow ? 4 : 1;
   const bool want_dw = a.dw_partial != nullptr;                   // uniform over the grid
   const bool scale_by_w = a.dx != nullptr && a.weight != nullptr;  // the weight enters dx only
   const int procs = P::per_block();
@@ -144,9 +149,16 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       for (int k = 0; k < kSlots; ++k) {
         if (tid + k * threads < n_chunks) s += chunk_dot<A>(hc[k], gc[k], wc[k], scale_by_w, offset);
       }
+#pragma unroll kRestUnroll
       for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
         const WChunk w = scale_by_w ? load_vector<W, kC>(a.weight, c) : WChunk{};
         s += chunk_dot<A>(load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), w, scale_by_w, offset);
+      }
+#pragma unroll
+      for (int k = 0; k < kSlots; ++k) {  // converted again for dx, not kept live over the reduction
+        keep_packed(hc[k]);
+        keep_packed(gc[k]);
+        keep_packed(wc[k]);
       }
       s = row_sum<kBlockPerRow>(s, scratch);
       const A c3 = static_cast<A>(static_cast<S>(r) * r * r * s / static_cast<S>(n));
@@ -159,6 +171,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
           store_vector<T, kC>(dxr, c, input_grad(hc[k], gc[k], wc[k], scale_by_w, offset, r, c3, dresr, c));
         }
       }
+#pragma unroll kRestUnroll
       for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
         const WChunk w = scale_by_w ? load_vector<W, kC>(a.weight, c) : WChunk{};
         store_vector<T, kC>(dxr, c, input_grad(load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), w, scale_by_w,
@@ -166,11 +179,18 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       }
     }
     if (want_dw) {  // dweight += dy * h * rstd, element-major (see above): lanes hit consecutive banks
+      // The accumulator's addresses are the same every row; hidden from the optimizer here, it recomputes
+      // them instead of keeping them live over the row loop (ptxas: a few registers fewer, 94 -> 80 for
+      // the bf16 one-unit warp kernel).
+      A* acc = my_acc;
+      int stride = n_chunks;
+      asm volatile("" : "+r"(stride));
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {
         const int c = tid + k * threads;
-        if (c < n_chunks) accumulate_dw(my_acc, n_chunks, c, hc[k], gc[k], r);
+        if (c < n_chunks) accumulate_dw(acc, stride, c, hc[k], gc[k], r);
       }
+#pragma unroll kRestUnroll
       for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
         accumulate_dw(my_acc, n_chunks, c, load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), r);
       }
@@ -208,6 +228,28 @@ __global__ void norm_dw_columns_kernel(const T* __restrict__ dy, int64_t dy_row_
   dw_partial[static_cast<int64_t>(blockIdx.y) * n + col] = v;
 }
 
+// A kernel's resident blocks per SM for (device, block size, dynamic shared memory), asked of the driver
+// once per key: the occupancy query took host time on every backward call. Direct-mapped, lock-free:
+// each slot packs key and value into one word, so a reader sees either a whole entry or a miss.
+class OccupancyCache {
+ public:
+  template <typename Query>
+  int get(int device, int threads, size_t smem, Query query) {
+    if (device < 0 || device >= 64 || threads > 1024 || smem >= (size_t{1} << 24)) return query();
+    const uint64_t key = (static_cast<uint64_t>(device) << 35) | (static_cast<uint64_t>(threads) << 24) | smem;
+    std::atomic<uint64_t>& slot = slots_[(key ^ (key >> 9) ^ (key >> 24)) % kSlots];
+    const uint64_t entry = slot.load(std::memory_order_relaxed);
+    if (entry != 0 && (entry >> 16) == key) return static_cast<int>(entry & 0xffff);
+    const int value = query();  // >= 1
+    slot.store((key << 16) | static_cast<uint64_t>(std::min(value, 0xffff)), std::memory_order_relaxed);
+    return value;
+  }
+
+ private:
+  static constexpr int kSlots = 64;
+  std::atomic<uint64_t> slots_[kSlots] = {};
+};
+
 template <typename T, typename W, int kC>
 void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offset, const at::Tensor& grad_weight,
                      const at::Tensor& like, cudaStream_t stream) {
@@ -223,6 +265,7 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
   with_row_shape<T, kC, BackwardShapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
     const auto kernel = norm_backward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value,
                                              decltype(max_threads)::value, decltype(min_blocks)::value>;
+    static OccupancyCache occupancy;  // one per kernel
     // dweight in shared memory when it fits (opting in above the default 48 KiB), else the column kernel.
     const size_t smem_bytes = static_cast<size_t>(per_block) * n * sizeof(A);
     const size_t smem_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) -
@@ -234,7 +277,9 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
     }
     // A grid as large as fits on the device at once (each block loops over its own chunk of rows), so
     // there are as few dweight partial rows as possible. Fixed for a device and shape: deterministic.
-    const int64_t max_blocks = static_cast<int64_t>(sms) * resident_blocks_per_sm(kernel, cfg.threads, smem);
+    const int resident = occupancy.get(device, cfg.threads, smem,
+                                            [&] { return resident_blocks_per_sm(kernel, cfg.threads, smem); });
+    const int64_t max_blocks = static_cast<int64_t>(sms) * resident;
     const int64_t wanted = (rows + per_block - 1) / per_block;
     int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, wanted));
     const int64_t rows_per_block = (rows + blocks - 1) / blocks;
