@@ -3,19 +3,21 @@
 # build from source with all cores, run the whole test suite (CUDA included), run the benchmarks, and
 # print a short summary last. Logs and JSON go under $OUT (or ./gpu_check_out).
 #
-#   scripts/gpu_check.sh [--sanitize] [--no-bench] [--quick-bench] [--tests "PYTEST ARGS"] [--bench "ARGS"]
+#   scripts/gpu_check.sh [--sanitize] [--no-bench] [--quick-bench] [--cpp-example] [--tests "PYTEST ARGS"] [--bench "ARGS"]
 #
 #   --sanitize     also run the CUDA kernel tests under compute-sanitizer memcheck and racecheck
 #   --no-bench     skip benchmarks;  --quick-bench: benchmarks with --quick
+#   --cpp-example  also build and run examples/cpp on its own first (tests/test_cpp.py runs it too, on CPU and CUDA)
 #   --tests ARGS   pytest selection/args instead of the whole suite (e.g. "-k cuda")
 #   --bench ARGS   extra args for benchmarks/run_all.py (e.g. "--only vector_add")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-SANITIZE=0; BENCH=1; BENCH_ARGS=""; TEST_ARGS="tests"
+SANITIZE=0; CPP_EXAMPLE=0; BENCH=1; BENCH_ARGS=""; TEST_ARGS="tests"
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) SANITIZE=1 ;;
+    --cpp-example) CPP_EXAMPLE=1 ;;
     --no-bench) BENCH=0 ;;
     --quick-bench) BENCH_ARGS="$BENCH_ARGS --quick" ;;
     --bench) BENCH_ARGS="$BENCH_ARGS $2"; shift ;;
@@ -47,7 +49,7 @@ command -v cmake >/dev/null || note "setup: cmake missing (see .whl/ above): the
 # The H200 image sets CC/CXX to /opt/gcc wrappers whose toolchain has only a static libstdc++.a: an
 # extension linked with them carries a second libstdc++, and the process crashed (SIGSEGV in ostream
 # code) on the first error message formatted on the CUDA path. Built with the system g++ the same
-# code raises normally (seen 2026-11-30). So build with /usr/bin/g++ unless TORCHOPS_KEEP_CXX=1; the
+# code raises normally. So build with /usr/bin/g++ unless TORCHOPS_KEEP_CXX=1; the
 # compilers in play are logged to gpu.txt either way.
 { echo "CC=${CC:-} CXX=${CXX:-} sysconfig LDSHARED=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("LDSHARED"))')"
   for c in "${CXX:-}" "${CC:-}" /usr/bin/g++; do [ -n "$c" ] && [ -x "$c" ] && echo "$c: $($c --version | head -1) [$(file -b "$(readlink -f "$c")" | cut -c1-60)]"; done
@@ -96,14 +98,16 @@ else note "smoke: FAILED (rc $?): a CUDA-side error message crashes the process,
 # ---- C++: examples/cpp built with CMake against this torch, run without Python on CPU and CUDA (an AOTInductor
 # package, a TorchScript module and direct header calls), outputs compared with Python's. CC/CXX are the system
 # compilers here (above), for the program and the AOTInductor .so alike.
-t0=$(date +%s)
-if { cmake -S examples/cpp -B build/example $($PY -m torchops.cmake_args) && cmake --build build/example \
-     && $PY examples/cpp/export_and_check.py --example build/example/torchops_example --workdir "$OUT/cpp-example" \
-          --device cpu --device cuda; } >"$OUT/cpp-example.log" 2>&1; then
-  note "cpp example: $(tail -1 "$OUT/cpp-example.log") ($(( $(date +%s) - t0 )) s)"
-else
-  tail -30 "$OUT/cpp-example.log"
-  note "cpp example: FAILED (see cpp-example.log)"; status=1
+if [ $CPP_EXAMPLE -eq 1 ]; then
+  t0=$(date +%s)
+  if { cmake -S examples/cpp -B build/example $($PY -m torchops.cmake_args) && cmake --build build/example \
+       && $PY examples/cpp/export_and_check.py --example build/example/torchops_example --workdir "$OUT/cpp-example" \
+            --device cpu --device cuda; } >"$OUT/cpp-example.log" 2>&1; then
+    note "cpp example: $(tail -1 "$OUT/cpp-example.log") ($(( $(date +%s) - t0 )) s)"
+  else
+    tail -30 "$OUT/cpp-example.log"
+    note "cpp example: FAILED (see cpp-example.log)"; status=1
+  fi
 fi
 
 # ---- tests: spread over worker processes when pytest-xdist is there (the compile/export/AOTI tests are

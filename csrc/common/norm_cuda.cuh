@@ -31,7 +31,6 @@ namespace norm_cuda {
 
 using namespace torchops::cuda;
 
-constexpr int kWarpsPerBlock = 4;  // warp-per-row kernels: 4 rows at a time per 128-thread block
 constexpr int kWarpMaxUnits = 8;   // 16-byte units per lane at most in warp-per-row mode
 constexpr int kMinRowThreads = 64;
 
@@ -55,13 +54,6 @@ constexpr int kReduceRows = 16;  // column reduction: partial rows summed in par
 // Per-thread row sums: see above.
 template <typename T>
 using RowSum = std::conditional_t<is_16bit_float<T>, float, double>;
-
-template <typename S>
-__device__ __forceinline__ S warp_sum(S v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullWarpMask, v, offset);
-  return v;  // a butterfly: every lane ends with the same bits
-}
 
 // Where a thread sits: the warp (kBlockPerRow = false) or the block handles a row.
 template <bool kBlockPerRow>
@@ -193,7 +185,7 @@ RowConfig row_config(int64_t n) {
   if (n_units <= int64_t{kWarpSize} * kWarpMaxUnits) {
     int units = n_units <= kWarpSize ? 1 : n_units <= 4 * kWarpSize ? 4 : kWarpMaxUnits;
     if (kC == 1) units = kWarpMaxUnits;
-    return {RowShape::kWarp, units, kWarpSize * kWarpsPerBlock};
+    return {RowShape::kWarp, units, kWarpBlockThreads};
   }
   auto round_warps = [](int64_t t) { return static_cast<int>((t + kWarpSize - 1) / kWarpSize * kWarpSize); };
   if (kC > 1 && n_units <= int64_t{Shapes::kThreads} * Shapes::kUnits) {
@@ -210,7 +202,7 @@ RowConfig row_config(int64_t n) {
 template <typename T, int kC, typename Shapes, typename Fn>
 void with_row_shape(const RowConfig& cfg, Fn&& fn) {
   constexpr int kPerUnit = chunks_per_unit<T, kC>();
-  using Warp = std::integral_constant<int, kWarpSize * kWarpsPerBlock>;
+  using Warp = std::integral_constant<int, kWarpBlockThreads>;
   using One = std::integral_constant<int, 1>;
   using Long = std::integral_constant<int, Shapes::kLongThreads>;
   if (cfg.shape == RowShape::kLongBlock) {

@@ -11,11 +11,9 @@ namespace rms_norm_kernels {
 template <typename T, typename W>
 void launch_add_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset, bool vectors,
                         cudaStream_t stream, int device) {
-  if (vectors) {
-    launch_forward<T, W, vector_size<T>(), true>(a, rows, n, eps, offset, stream, device);
-  } else {
-    launch_forward<T, W, 1, true>(a, rows, n, eps, offset, stream, device);
-  }
+  with_vector_size<T, VectorWidths::kFullOrScalar>(vectors ? vector_size<T>() : 1, [&](auto v) {
+    launch_forward<T, W, decltype(v)::value, true>(a, rows, n, eps, offset, stream, device);
+  });
 }
 
 template void launch_add_forward<double, double>(const ForwardArgs<double, double>&, int64_t, int64_t, double, double,

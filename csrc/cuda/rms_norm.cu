@@ -56,12 +56,12 @@ void forward_cuda_into(const at::Tensor& input, const at::Tensor& residual, cons
     const bool vectors = rows_aligned(a.x, a.x_row_stride, n) && rows_aligned<T>(a.y, n, n) &&
                          weight_aligned<T>(a.weight) &&
                          (!add || (rows_aligned(a.residual, a.residual_row_stride, n) && rows_aligned<T>(a.h_out, n, n)));
-    constexpr int kV = vector_size<T>();
     if (add) {
       launch_add_forward<T, W>(a, x.rows, n, eps, weight_offset, vectors, stream, device);
     } else {
-      vectors ? launch_forward<T, W, kV, false>(a, x.rows, n, eps, weight_offset, stream, device)
-              : launch_forward<T, W, 1, false>(a, x.rows, n, eps, weight_offset, stream, device);
+      with_vector_size<T, VectorWidths::kFullOrScalar>(vectors ? vector_size<T>() : 1, [&](auto v) {
+        launch_forward<T, W, decltype(v)::value, false>(a, x.rows, n, eps, weight_offset, stream, device);
+      });
     }
   });
 }

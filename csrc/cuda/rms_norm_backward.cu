@@ -284,7 +284,7 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
     int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, wanted));
     const int64_t rows_per_block = (rows + blocks - 1) / blocks;
     blocks = (rows + rows_per_block - 1) / rows_per_block;
-    TORCH_INTERNAL_ASSERT(blocks <= 65535);  // the column kernel's grid.y; blocks <= SMs x resident blocks
+    TORCH_INTERNAL_ASSERT(blocks <= kMaxGridYZ);  // the column kernel's grid.y; blocks <= SMs x resident blocks
 
     at::Tensor partial;
     if (want_dw) {
@@ -351,11 +351,9 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(const at::Tensor& grad_out, con
     const bool vectors = rows_aligned(a.h, a.h_row_stride, n) && rows_aligned(a.dy, a.dy_row_stride, n) &&
                          weight_aligned<T>(a.weight) && (a.dx == nullptr || rows_aligned<T>(a.dx, n, n)) &&
                          (a.dres == nullptr || rows_aligned(a.dres, a.dres_row_stride, n));
-    if (vectors) {
-      launch_backward<T, W, vector_size<T>()>(a, x.rows, n, weight_offset, gw, h, stream);
-    } else {
-      launch_backward<T, W, 1>(a, x.rows, n, weight_offset, gw, h, stream);
-    }
+    with_vector_size<T, VectorWidths::kFullOrScalar>(vectors ? vector_size<T>() : 1, [&](auto v) {
+      launch_backward<T, W, decltype(v)::value>(a, x.rows, n, weight_offset, gw, h, stream);
+    });
   });
   return {grad_input, grad_weight};
 }
