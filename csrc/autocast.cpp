@@ -47,6 +47,7 @@ constexpr OpCastPolicy kCastPolicies[] = {
     {"vector_add", CastPolicy::kPromote, CastPolicy::kPromote},
     {"vector_add_out", CastPolicy::kPromote, CastPolicy::kPromote},
     {"swiglu", CastPolicy::kPromote, CastPolicy::kPromote},
+    {"gelu_and_mul", CastPolicy::kPromote, CastPolicy::kPromote},
     {"rms_norm", CastPolicy::kAsIs, CastPolicy::kFloat32},
     {"add_rms_norm", CastPolicy::kPromote, CastPolicy::kFloat32},
     {"csr_spmm", CastPolicy::kLowerPrecision, CastPolicy::kLowerPrecision},

@@ -28,6 +28,12 @@ TORCH_LIBRARY(myns, m) {
   define(m, "swiglu(Tensor gate, Tensor up) -> Tensor");
   define(m, "swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)");
 
+  m.set_python_module("meta_kernels.gelu_and_mul");
+  // F.gelu(gate, approximate=approximate) * up; approximate is "none" (erf) or "tanh".
+  define(m, "gelu_and_mul(Tensor gate, Tensor up, str approximate=\"none\") -> Tensor");
+  define(m, "gelu_and_mul_backward(Tensor grad_out, Tensor gate, Tensor up, str approximate=\"none\") "
+            "-> (Tensor, Tensor)");
+
   m.set_python_module("meta_kernels.csr_spmm");
   // A @ dense for A = (crow_indices, col_indices, values), an M x K CSR matrix with K = dense.size(0).
   define(m, "csr_spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> Tensor");

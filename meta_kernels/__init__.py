@@ -4,4 +4,4 @@ The C++ library names this package (``set_python_module``) as the home of its fa
 registrations must therefore live inside it. One module per op.
 """
 
-from meta_kernels import csr_spmm, rms_norm, swiglu, vector_add  # noqa: F401
+from meta_kernels import csr_spmm, gelu_and_mul, rms_norm, swiglu, vector_add  # noqa: F401
