@@ -16,10 +16,10 @@ import meta_kernels  # noqa: E402,F401  fake kernels for torch.compile / torch.e
 
 from torchops import nn  # noqa: E402
 from torchops._after_import import after_import  # noqa: E402
-from torchops.ops import add_rms_norm, csr_spmm, rms_norm, spmm, swiglu, vector_add  # noqa: E402
+from torchops.ops import add_rms_norm, csr_spmm, gelu_and_mul, rms_norm, spmm, swiglu, vector_add  # noqa: E402
 
-__all__ = ["add_rms_norm", "build_info", "cmake_prefix_path", "csr_spmm", "library_path", "nn", "rms_norm", "spmm",
-           "swiglu", "vector_add"]
+__all__ = ["add_rms_norm", "build_info", "cmake_prefix_path", "csr_spmm", "gelu_and_mul", "library_path", "nn",
+           "rms_norm", "spmm", "swiglu", "vector_add"]
 
 
 def _load_sharding_rules() -> None:

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/string_view.h>
 
 #include <optional>
 #include <tuple>
@@ -46,6 +47,11 @@ inline void vector_add_out(const at::Tensor& a, const at::Tensor& b, const at::T
 // silu(gate) * up.
 inline at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return TORCHOPS_CALL(swiglu, gate, up);
+}
+
+// gelu(gate) * up, gelu as F.gelu with approximate "none" (erf) or "tanh".
+inline at::Tensor gelu_and_mul(const at::Tensor& gate, const at::Tensor& up, c10::string_view approximate = "none") {
+  return TORCHOPS_CALL(gelu_and_mul, gate, up, approximate);
 }
 
 // A @ dense for the M x K CSR matrix A = (crow_indices, col_indices, values), K = dense.size(0).
