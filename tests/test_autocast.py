@@ -20,6 +20,7 @@ POLICIES: dict[str, dict[str, str]] = {
     "vector_add": {"cpu": "promote", "cuda": "promote"},
     "vector_add_out": {"cpu": "promote", "cuda": "promote"},
     "swiglu": {"cpu": "promote", "cuda": "promote"},
+    "gelu_and_mul": {"cpu": "promote", "cuda": "promote"},
     "rms_norm": {"cpu": "as is", "cuda": "float32"},
     "add_rms_norm": {"cpu": "promote", "cuda": "float32"},
     "csr_spmm": {"cpu": "lower", "cuda": "lower"},

@@ -59,6 +59,10 @@ class Case:
 CASES = [
     Case("vector_add", torchops.vector_add, torch.add, lambda: (_randn(3, 4, seed=0), _randn(3, 4, seed=1))),
     Case("swiglu", torchops.swiglu, lambda g, u: F.silu(g) * u, lambda: (_randn(3, 4, seed=2), _randn(3, 4, seed=3))),
+    Case("gelu_and_mul", torchops.gelu_and_mul, lambda g, u: F.gelu(g) * u,
+         lambda: (_randn(3, 4, seed=11), _randn(3, 4, seed=12))),
+    Case("gelu_and_mul_tanh", lambda g, u: torchops.gelu_and_mul(g, u, approximate="tanh"),
+         lambda g, u: F.gelu(g, approximate="tanh") * u, lambda: (_randn(3, 4, seed=13), _randn(3, 4, seed=14))),
     Case("csr_spmm", lambda v, d: torchops.csr_spmm(CROW, COL, v, d), lambda v, d: dense_of(v) @ d,
          lambda: (_randn(5, seed=4), _randn(3, 2, seed=5))),
     Case("rms_norm", lambda x, w: torchops.rms_norm(x, w, eps=1e-6),

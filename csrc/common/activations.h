@@ -156,10 +156,10 @@ struct GeluErf {
 #endif
 };
 
-// F.gelu's "tanh" form: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x * sigmoid(2u)
-// (the same function: 1 + tanh(u) = 2 sigmoid(2u)), which reuses sigmoid's saturation. With s =
-// sigmoid(2u): gelu'(x) = s + x * 2 s (1 - s) u'(x), u'(x) = sqrt(2/pi) (1 + 3 * 0.044715 x^2); where s
-// saturates (s (1 - s) = 0) the second term is 0 for finite x although u' may overflow (|x| > 1.8e19 in
+// F.gelu's "tanh" form: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x * sigmoid(w),
+// w = 2u (the same function: 1 + tanh(u) = 2 sigmoid(2u)), which reuses sigmoid's saturation. With s =
+// sigmoid(w): gelu'(x) = s + x s (1 - s) w'(x), w'(x) = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2); where
+// s (1 - s) underflows to 0 the second term is 0 for finite x although w' may overflow (|x| > 1.8e19 in
 // f32), so it is taken as x * 0 there (NaN only for x = +-inf).
 struct GeluTanh {
   static constexpr double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5;  // sqrt(2 / pi)
@@ -173,10 +173,16 @@ struct GeluTanh {
   C10_HOST_DEVICE static A value(A x) {
     return x * sigmoid<kFast>(two_u(x));
   }
+  // s and s (1 - s) from one e = exp(-|w|) <= 1: sigmoid(|w|) = 1 / (1 + e), sigmoid(-|w|) = e / (1 + e), so
+  // s (1 - s) = e / (1 + e)^2 keeps its relative accuracy where s rounds to 1 (1 - s would be 0 there, and
+  // x s (1 - s) w' is still ~1e-6 at x = 5 in f32).
   template <bool kFast, typename A>
   C10_HOST_DEVICE static void value_and_derivative(A x, A& f, A& df) {
-    const A s = sigmoid<kFast>(two_u(x));
-    const A slope = s * (A(1) - s);
+    const A w = two_u(x);
+    const A e = exp_of<kFast>(w < A(0) ? w : -w);
+    const A r = A(1) / (A(1) + e);
+    const A s = w >= A(0) ? r : e * r;  // NaN w: e * r is NaN
+    const A slope = e * r * r;
     f = x * s;
     df = s + (slope == A(0) ? x * A(0) : x * (slope * (A(2 * kBeta) * (A(1) + A(3 * kKappa) * x * x))));
   }
@@ -192,8 +198,14 @@ struct GeluTanh {
   struct Derivative8 {
     TORCHOPS_TARGET_AVX2 static __m256 apply(__m256 x) {
       const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
-      const __m256 s = cpu::sigmoid8(two_u8(x));
-      const __m256 slope = _mm256_mul_ps(s, _mm256_sub_ps(one, s));
+      const __m256 w = two_u8(x);
+      const __m256 minus_abs_w = _mm256_or_ps(w, _mm256_set1_ps(-0.0f));
+      const __m256 e = cpu::exp8(minus_abs_w);
+      const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, e));
+      const __m256 er = _mm256_mul_ps(e, r);
+      // w >= 0: s = r; else (NaN too) s = e r.
+      const __m256 s = _mm256_blendv_ps(er, r, _mm256_cmp_ps(w, zero, _CMP_GE_OQ));
+      const __m256 slope = _mm256_mul_ps(er, r);
       const __m256 du = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(2 * kBeta)),
                                       _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(3 * kKappa)),
                                                       _mm256_mul_ps(x, x), one));
