@@ -65,19 +65,25 @@ ActDerivatives gelu_derivatives(const at::Tensor& x, c10::string_view approximat
   return {x * s, s + x * ds, 2 * ds + x * d2s};
 }
 
+// A Spec: the op's and its backward op's names, its graph nodes' names (grad_fn names, one per form:
+// compiled autograd binds each name once per process), and its activation's derivatives.
 struct SwigluSpec {
   static constexpr const char* kOp = "myns::swiglu";
   static constexpr const char* kBackwardOp = "myns::swiglu_backward";
-  static constexpr const char* kNode = "SwigluBackward";
-  static constexpr const char* kBackwardNode = "SwigluBackwardBackward";
+  static const char* node() { return "SwigluBackward"; }
+  static const char* backward_node() { return "SwigluBackwardBackward"; }
   static ActDerivatives derivatives(const at::Tensor& x) { return silu_derivatives(x); }
 };
 
 struct GeluAndMulSpec {
   static constexpr const char* kOp = "myns::gelu_and_mul";
   static constexpr const char* kBackwardOp = "myns::gelu_and_mul_backward";
-  static constexpr const char* kNode = "GeluAndMulBackward";
-  static constexpr const char* kBackwardNode = "GeluAndMulBackwardBackward";
+  static const char* node(c10::string_view approximate) {
+    return approximate == "tanh" ? "GeluAndMulTanhBackward" : "GeluAndMulBackward";
+  }
+  static const char* backward_node(c10::string_view approximate) {
+    return approximate == "tanh" ? "GeluAndMulTanhBackwardBackward" : "GeluAndMulBackwardBackward";
+  }
   static ActDerivatives derivatives(const at::Tensor& x, c10::string_view approximate) {
     return gelu_derivatives(x, approximate);
   }
@@ -152,7 +158,7 @@ struct GatedAutograd {
   static at::Tensor forward(const at::Tensor& gate, const at::Tensor& up, Extra... extra) {
     OpNodePtr node;
     if (needs_grad(gate, up)) {
-      node = make_op_node(Spec::kNode, &backward_formula, {gate, up});
+      node = make_op_node(Spec::node(extra...), &backward_formula, {gate, up});
       node->save({gate, up});
       node->attrs = {to_attr(extra)...};
     }
@@ -178,7 +184,7 @@ struct GatedAutograd {
   static Grads backward(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up, Extra... extra) {
     OpNodePtr node;
     if (needs_grad(grad_out, gate, up)) {
-      node = make_op_node(Spec::kBackwardNode, &backward_backward_formula, {grad_out, gate, up});
+      node = make_op_node(Spec::backward_node(extra...), &backward_backward_formula, {grad_out, gate, up});
       node->save({grad_out, gate, up});
       node->attrs = {to_attr(extra)...};
     }
