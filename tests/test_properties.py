@@ -244,8 +244,8 @@ def _gelu_imprecise_pairs(gate: torch.Tensor, up: torch.Tensor, approximate: str
     """As _silu_underflow_pairs, for gelu: the op gets gelu(gate) to within |gate| eps of its compute
     precision in the erf form (0.5 (1 + erf) cancels below zero, as in torch's own gelu), to (|w| + 4) eps
     relative in the tanh form (sigmoid(w) of a rounded w = 2u), and to the smallest normal number where it
-    underflows: correct to the tolerances on its own, but a huge `up` multiplies that into a visible
-    difference. Those pairs are left out (the caller sets up = 1 there)."""
+    underflows (gelu of a subnormal gate is half of it): correct to the tolerances on its own, but a huge
+    `up` multiplies that into a visible difference. Those pairs are left out (the caller sets up = 1 there)."""
     g, u = upcast((gate, up))
     fi = torch.finfo(compute)
     value = torch.nn.functional.gelu(g, approximate=approximate)
@@ -255,7 +255,8 @@ def _gelu_imprecise_pairs(gate: torch.Tensor, up: torch.Tensor, approximate: str
     else:
         error = value.abs() * (w.abs() + 4) * fi.eps
     error = error + fi.smallest_normal * torch.maximum(g.abs(), torch.ones_like(g))
-    return (g < 0) & ~(error * u.abs() <= atol / 4)
+    band = (g < 0) | ((g != 0) & (value.abs() < fi.smallest_normal))
+    return band & ~(error * u.abs() <= atol / 4)
 
 
 @given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, chunked=st.booleans(),
