@@ -339,6 +339,14 @@ def gelu_and_mul_backward_reference(grad_out: torch.Tensor, gate: torch.Tensor, 
     return grad_gate, grad_out * torch.nn.functional.gelu(gate, approximate=approximate)
 
 
+def gelu_and_mul_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (*pair_sized(device, dtype, n), "tanh")  # every schema argument; the non-default form
+
+
+def gelu_and_mul_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (*swiglu_backward_sized(device, dtype, n), "tanh")
+
+
 def gelu_and_mul_backward_errors(device: str) -> list[ErrorInput]:
     op = "myns::gelu_and_mul_backward"
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
@@ -974,7 +982,7 @@ OP_DB: list[OpInfo] = [
         sample_inputs=gelu_and_mul_samples,
         reference=gelu_and_mul_reference,
         error_inputs=gelu_and_mul_errors,
-        sized_inputs=pair_sized,
+        sized_inputs=gelu_and_mul_sized,
     ),
     OpInfo(
         name="gelu_and_mul_backward",
@@ -982,7 +990,7 @@ OP_DB: list[OpInfo] = [
         sample_inputs=gelu_and_mul_backward_samples,
         reference=gelu_and_mul_backward_reference,
         error_inputs=gelu_and_mul_backward_errors,
-        sized_inputs=swiglu_backward_sized,
+        sized_inputs=gelu_and_mul_backward_sized,
     ),
     OpInfo(
         name="csr_spmm",
