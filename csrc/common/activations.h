@@ -150,8 +150,16 @@ struct GeluErf {
   }
   template <typename T>
   TORCHOPS_TARGET_AVX2 static void value_and_derivative8(__m256 x, cpu::Lanes8<T> src, __m256& f, __m256& df) {
-    f = cpu::by_bits8<T, Value8>(x, src);
-    df = cpu::by_bits8<T, Derivative8>(x, src);
+    if constexpr (std::is_same_v<T, float>) {  // one normal_cdf8 for both (the tables' values, computed once)
+      const __m256 cdf = cpu::normal_cdf8(x);
+      const __m256 pdf = _mm256_mul_ps(cpu::exp8(_mm256_mul_ps(_mm256_set1_ps(-0.5f), _mm256_mul_ps(x, x))),
+                                       _mm256_set1_ps(static_cast<float>(0.5 * M_2_SQRTPI * M_SQRT1_2)));
+      f = _mm256_mul_ps(x, cdf);
+      df = _mm256_fmadd_ps(x, pdf, cdf);
+    } else {
+      f = cpu::by_bits8<T, Value8>(x, src);
+      df = cpu::by_bits8<T, Derivative8>(x, src);
+    }
   }
 #endif
 };
