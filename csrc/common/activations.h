@@ -76,6 +76,17 @@ C10_HOST_DEVICE inline A exp_of(A x) {
 #endif
 }
 
+// 1 / d for d in [1, 2] (no huge denominators, where __fdividef fails): the fast form for 16-bit storage.
+template <bool kFast = false, typename A>
+C10_HOST_DEVICE inline A reciprocal_1_2(A d) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<A, float> && kFast) {
+    return __fdividef(1.0f, d);
+  }
+#endif
+  return A(1) / d;
+}
+
 template <typename A>
 C10_HOST_DEVICE inline A erf_of(A x) {
 #if defined(__CUDA_ARCH__)
@@ -137,11 +148,16 @@ struct GeluErf {
   struct Value8 {
     TORCHOPS_TARGET_AVX2 static __m256 apply(__m256 x) { return _mm256_mul_ps(x, cpu::normal_cdf8(x)); }
   };
+  // cdf + x pdf, pdf = exp(-x^2 / 2) / sqrt(2 pi) (the exponential normal_cdf8 computes anyway).
+  TORCHOPS_TARGET_AVX2 static __m256 derivative8(__m256 x, __m256 cdf, __m256 exp_half_sq) {
+    const __m256 pdf = _mm256_mul_ps(exp_half_sq, _mm256_set1_ps(static_cast<float>(0.5 * M_2_SQRTPI * M_SQRT1_2)));
+    return _mm256_fmadd_ps(x, pdf, cdf);
+  }
   struct Derivative8 {
     TORCHOPS_TARGET_AVX2 static __m256 apply(__m256 x) {
-      const __m256 pdf = _mm256_mul_ps(cpu::exp8(_mm256_mul_ps(_mm256_set1_ps(-0.5f), _mm256_mul_ps(x, x))),
-                                       _mm256_set1_ps(static_cast<float>(0.5 * M_2_SQRTPI * M_SQRT1_2)));
-      return _mm256_fmadd_ps(x, pdf, cpu::normal_cdf8(x));
+      __m256 e;
+      const __m256 cdf = cpu::normal_cdf8(x, e);
+      return derivative8(x, cdf, e);
     }
   };
   template <typename T>
@@ -151,11 +167,10 @@ struct GeluErf {
   template <typename T>
   TORCHOPS_TARGET_AVX2 static void value_and_derivative8(__m256 x, cpu::Lanes8<T> src, __m256& f, __m256& df) {
     if constexpr (std::is_same_v<T, float>) {  // one normal_cdf8 for both (the tables' values, computed once)
-      const __m256 cdf = cpu::normal_cdf8(x);
-      const __m256 pdf = _mm256_mul_ps(cpu::exp8(_mm256_mul_ps(_mm256_set1_ps(-0.5f), _mm256_mul_ps(x, x))),
-                                       _mm256_set1_ps(static_cast<float>(0.5 * M_2_SQRTPI * M_SQRT1_2)));
+      __m256 e;
+      const __m256 cdf = cpu::normal_cdf8(x, e);
       f = _mm256_mul_ps(x, cdf);
-      df = _mm256_fmadd_ps(x, pdf, cdf);
+      df = derivative8(x, cdf, e);
     } else {
       f = cpu::by_bits8<T, Value8>(x, src);
       df = cpu::by_bits8<T, Derivative8>(x, src);
@@ -188,7 +203,7 @@ struct GeluTanh {
   C10_HOST_DEVICE static void value_and_derivative(A x, A& f, A& df) {
     const A w = two_u(x);
     const A e = exp_of<kFast>(w < A(0) ? w : -w);
-    const A r = A(1) / (A(1) + e);
+    const A r = reciprocal_1_2<kFast>(A(1) + e);  // 1 + e in [1, 2]
     const A s = w >= A(0) ? r : e * r;  // NaN w: e * r is NaN
     const A slope = e * r * r;
     f = x * s;
