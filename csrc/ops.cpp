@@ -98,6 +98,13 @@ TORCH_LIBRARY(myns, m) {
   define(m, "swiglu(Tensor gate, Tensor up) -> Tensor", Cast::kPromote, Pointwise{});
   define(m, "swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)", Pointwise{"grad_out"});
 
+  m.set_python_module("meta_kernels.gelu_and_mul");
+  // F.gelu(gate, approximate=approximate) * up; approximate is "none" (erf) or "tanh".
+  define(m, "gelu_and_mul(Tensor gate, Tensor up, str approximate=\"none\") -> Tensor", Cast::kPromote, Pointwise{});
+  define(m, "gelu_and_mul_backward(Tensor grad_out, Tensor gate, Tensor up, str approximate=\"none\") "
+            "-> (Tensor, Tensor)",
+         Pointwise{"grad_out"});
+
   m.set_python_module("meta_kernels.csr_spmm");
   // A @ dense for the M x K CSR matrix A = (crow_indices, col_indices, values), K = dense.size(0).
   // Autocast: lower precision, like torch.sparse.mm (addmm).

@@ -67,6 +67,8 @@ MESSAGES: dict[str, str] = {
                        "tensor or a non-overlapping one",
     "out_requires_grad": "out= variants don't support automatic differentiation, but {x} requires grad; use the "
                          "functional op instead",
+    # gated activations (checks.cpp)
+    "approximate": "approximate must be 'none' or 'tanh', got '{got}'",
     # row normalisation (csrc/common/norm.cpp)
     "at_least_1d": "{x} must have at least 1 dimension, got a 0-dim tensor",
     "normalised_dim_empty": "{x}'s last dimension (the normalised one) must be at least 1, got shape {shape}",

@@ -24,6 +24,7 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 # The supported dtypes: the lists the fake kernels check against (test_dtype_lists.py: the C++ kernels' too).
 FLOAT_DTYPES = _checks.FLOAT_DTYPES
 INT_DTYPES = _checks.INT_DTYPES
+FLOAT_AND_INT_DTYPES = _checks.FLOAT_AND_INT_DTYPES
 
 # (rtol, atol) against a float64 reference rounded to the output dtype.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {

@@ -320,6 +320,75 @@ def swiglu_backward_errors(device: str) -> list[ErrorInput]:
     return cases
 
 
+# ---------------------------------------------------------------------------------------- gelu_and_mul
+# swiglu's layouts, the erf and tanh forms alternating over them (non-finite values in both forms).
+_GELU_FORMS = ("none", "tanh")
+
+
+def gelu_and_mul_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    pairs = _swiglu_pairs(device, dtype, requires_grad)
+    samples = [Sample((gate, up), {"approximate": _GELU_FORMS[i % 2]}, desc=f"{desc}, {_GELU_FORMS[i % 2]}")
+               for i, (gate, up, desc) in enumerate(pairs)]
+    if not requires_grad:
+        gate, up = _nonfinite_gate_up(dtype, device)
+        samples.append(Sample((gate, up), {"approximate": "tanh"}, desc="inf/nan, tanh"))
+        gate, up = _nonfinite_gate_up(dtype, device)
+        samples.append(Sample((gate, up), {"approximate": "none"}, desc="inf/nan, none"))
+    return samples
+
+
+def gelu_and_mul_reference(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
+def gelu_and_mul_errors(device: str) -> list[ErrorInput]:
+    op = "gelu_and_mul"
+    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b), FLOAT_DTYPES, names=("gate", "up"))
+    i32 = lambda *s: torch.randint(-5, 5, s, dtype=torch.int32, device=device)  # noqa: E731
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    cases += [
+        expect(op, Sample((i32(4), i32(4))), "dtype_in", x="gate", dtype=torch.int32, supported=FLOAT_DTYPES),
+        expect(op, Sample((f32(4), f32(4)), {"approximate": "fast"}), "approximate", got="fast"),
+    ]
+    return cases
+
+
+def gelu_and_mul_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    samples = []
+    for i, sample in enumerate(swiglu_backward_samples(device, dtype, requires_grad)):
+        form = _GELU_FORMS[i % 2]
+        samples.append(Sample(sample.args, {"approximate": form}, desc=f"{sample.desc}, {form}"))
+    return samples
+
+
+def gelu_and_mul_backward_reference(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                                    approximate: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
+    # torch's own gelu derivative (aten::gelu_backward), in float64.
+    grad_gate = torch.ops.aten.gelu_backward(grad_out * up, gate, approximate=approximate)
+    return grad_gate, grad_out * torch.nn.functional.gelu(gate, approximate=approximate)
+
+
+def gelu_and_mul_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (*pair_sized(device, dtype, n), "tanh")  # every schema argument; the non-default form
+
+
+def gelu_and_mul_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (*swiglu_backward_sized(device, dtype, n), "tanh")
+
+
+def gelu_and_mul_backward_errors(device: str) -> list[ErrorInput]:
+    op = "gelu_and_mul_backward"
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b, a.clone()), FLOAT_DTYPES,
+                                    names=("grad_out", "gate"))
+    cases += [
+        expect(op, Sample((f32(4, 8), f32(4, 8), f32(4, 9))), "same_shape", x="grad_out", y="up", x_shape=[4, 8],
+               y_shape=[4, 9]),
+        expect(op, Sample((f32(4), f32(4), f32(4)), {"approximate": "Tanh"}), "approximate", got="Tanh"),
+    ]
+    return cases
+
+
 # ------------------------------------------------------------------------------------------------ csr_spmm
 # A CSR matrix is given by its rows' column lists; values are random. The cases: an empty row, unsorted and
 # duplicate columns within a row, one row much longer than the others (several CUDA work units, so the
@@ -938,7 +1007,7 @@ OP_DB: list[OpInfo] = [
         error_inputs=swiglu_errors,
         sized_inputs=pair_sized,
     ),
-    # Differentiable: its double backward (ATen math in csrc/autograd/swiglu.cpp) is gradchecked here.
+    # Differentiable: its double backward (ATen math in csrc/autograd/gated.cpp) is gradchecked here.
     OpInfo(
         name="swiglu_backward",
         dtypes=FLOAT_DTYPES,
@@ -946,6 +1015,22 @@ OP_DB: list[OpInfo] = [
         reference=swiglu_backward_reference,
         error_inputs=swiglu_backward_errors,
         sized_inputs=swiglu_backward_sized,
+    ),
+    OpInfo(
+        name="gelu_and_mul",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=gelu_and_mul_samples,
+        reference=gelu_and_mul_reference,
+        error_inputs=gelu_and_mul_errors,
+        sized_inputs=gelu_and_mul_sized,
+    ),
+    OpInfo(
+        name="gelu_and_mul_backward",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=gelu_and_mul_backward_samples,
+        reference=gelu_and_mul_backward_reference,
+        error_inputs=gelu_and_mul_backward_errors,
+        sized_inputs=gelu_and_mul_backward_sized,
     ),
     OpInfo(
         name="csr_spmm",

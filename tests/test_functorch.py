@@ -59,6 +59,10 @@ class Case:
 CASES = [
     Case("vector_add", torchops.vector_add, torch.add, lambda: (_randn(3, 4, seed=0), _randn(3, 4, seed=1))),
     Case("swiglu", torchops.swiglu, lambda g, u: F.silu(g) * u, lambda: (_randn(3, 4, seed=2), _randn(3, 4, seed=3))),
+    Case("gelu_and_mul", torchops.gelu_and_mul, lambda g, u: F.gelu(g) * u,
+         lambda: (_randn(3, 4, seed=11), _randn(3, 4, seed=12))),
+    Case("gelu_and_mul_tanh", lambda g, u: torchops.gelu_and_mul(g, u, approximate="tanh"),
+         lambda g, u: F.gelu(g, approximate="tanh") * u, lambda: (_randn(3, 4, seed=13), _randn(3, 4, seed=14))),
     Case("csr_spmm", lambda v, d: torchops.csr_spmm(CROW, COL, v, d), lambda v, d: dense_of(v) @ d,
          lambda: (_randn(5, seed=4), _randn(3, 2, seed=5))),
     Case("rms_norm", lambda x, w: torchops.rms_norm(x, w, eps=1e-6),
@@ -435,6 +439,20 @@ def test_compiled_autograd(case: Case) -> None:
     with compiled_autograd._enable(torch.compile(backend="eager")):
         _sum_sq(case.op)(*args).backward()
     torch.testing.assert_close(tuple(a.grad for a in args), want)
+
+
+@pytest.mark.skipif(not COMPILED_AUTOGRAD_SUPPORTED, reason="compiled autograd's C++ interface of torch >= 2.14")
+def test_compiled_autograd_traces_a_node_again() -> None:
+    """A node is bound once per process: re-traced graphs (a new shape, after a reset) reuse it."""
+    import torch._dynamo.compiled_autograd as compiled_autograd
+
+    for shape in ((3, 4), (5, 7), (3, 4)):
+        torch._dynamo.reset()
+        gate, up = _randn(*shape, seed=90).requires_grad_(), _randn(*shape, seed=91).requires_grad_()
+        want = torch.autograd.grad(_sum_sq(torchops.swiglu)(gate, up), (gate, up))
+        with compiled_autograd._enable(torch.compile(backend="eager", dynamic=False)):
+            _sum_sq(torchops.swiglu)(gate, up).backward()
+        torch.testing.assert_close((gate.grad, up.grad), want)
 
 
 def test_vmap_of_out_variant_fails_naming_the_op() -> None:

@@ -237,6 +237,48 @@ def test_swiglu_matches_float64_reference(data, dtype, device, chunked) -> None:
     _check_new_output(torchops.swiglu(gate, up), torch.nn.functional.silu(g) * u, device)
 
 
+# ------------------------------------------------------------------------------------------ gelu_and_mul
+
+def _gelu_imprecise_pairs(gate: torch.Tensor, up: torch.Tensor, approximate: str, compute: torch.dtype,
+                          atol: float) -> torch.Tensor:
+    """As _silu_underflow_pairs, for gelu: the op gets gelu(gate) to within |gate| eps of its compute
+    precision in the erf form (0.5 (1 + erf) cancels below zero, as in torch's own gelu), to (|w| + 4) eps
+    relative in the tanh form (sigmoid(w) of a rounded w = 2u), and to the smallest normal number where it
+    underflows (gelu of a subnormal gate is half of it): correct to the tolerances on its own, but a huge
+    `up` multiplies that into a visible difference. Those pairs are left out (the caller sets up = 1 there)."""
+    g, u = upcast((gate, up))
+    fi = torch.finfo(compute)
+    value = torch.nn.functional.gelu(g, approximate=approximate)
+    w = 2 * math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)
+    if approximate == "none":
+        error = g.abs() * fi.eps
+    else:
+        error = value.abs() * (w.abs() + 4) * fi.eps
+    error = error + fi.smallest_normal * torch.maximum(g.abs(), torch.ones_like(g))
+    band = (g < 0) | ((g != 0) & (value.abs() < fi.smallest_normal))
+    return band & ~(error * u.abs() <= atol / 4)
+
+
+@given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, chunked=st.booleans(),
+       approximate=st.sampled_from(("none", "tanh")))
+def test_gelu_and_mul_matches_float64_reference(data, dtype, device, chunked, approximate) -> None:
+    if chunked:  # the halves of x.chunk(2, -1), the layout the op exists for
+        shape = data.draw(shapes(min_rank=1, min_last=1), label="shape")
+        x = make(data.draw(specs(shape[:-1] + (2 * shape[-1],), dtype), label="x"), device)
+        gate, up = x.chunk(2, dim=-1)
+    else:
+        shape = data.draw(shapes(), label="shape")
+        gate = make(data.draw(specs(shape, dtype), label="gate"), device)
+        up = make(data.draw(specs(shape, dtype), label="up"), device)
+    left_out = _gelu_imprecise_pairs(gate, up, approximate, _stat_dtype(dtype), TOLERANCES[dtype][1])
+    if left_out.any():
+        up = up.clone()  # dense now; still a valid input
+        up[left_out.to(up.device)] = 1
+    g, u = upcast((gate, up))
+    expected = torch.nn.functional.gelu(g, approximate=approximate) * u
+    _check_new_output(torchops.gelu_and_mul(gate, up, approximate=approximate), expected, device)
+
+
 # ---------------------------------------------------------------------------------------------- rms_norm
 
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -467,6 +509,8 @@ def _op_cases(data, device):
     cases = [
         ("vector_add", torchops.vector_add, lambda a, b: a + b, (x(shape), x(shape))),
         ("swiglu", torchops.swiglu, lambda g, u: torch.nn.functional.silu(g) * u, (x(shape), x(shape))),
+        ("gelu_and_mul", lambda g, u: torchops.gelu_and_mul(g, u, "tanh"),
+         lambda g, u: torch.nn.functional.gelu(g, approximate="tanh") * u, (x(shape), x(shape))),
         ("rms_norm", lambda a, w: torchops.rms_norm(a, w), lambda a, w: rms_norm_reference_functional(a, w, 1e-6),
          (x(rshape), x(rshape[-1:]))),
         ("csr_spmm", lambda v, d: torchops.csr_spmm(crow, col, v, d),

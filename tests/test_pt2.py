@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 # Schema argument types -> TorchScript-able annotations (every type our schemas use; a new one fails loudly).
 _ANNOTATIONS = {"Tensor": "Tensor", "Optional[Tensor]": "Optional[Tensor]", "float": "float", "int": "int",
-                "SymInt": "int", "bool": "bool"}
+                "SymInt": "int", "bool": "bool", "str": "str"}
 
 
 def module_source(infos: list[OpInfo]) -> str:

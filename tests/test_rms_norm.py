@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import torchops
-from helpers import called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, poison_cuda_cache, random_tensor, requires_cuda
+from helpers import FLOAT_DTYPES, called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, poison_cuda_cache, random_tensor, requires_cuda
 from op_db import OPS_BY_NAME, rms_norm_reference
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -32,7 +32,7 @@ def _weights(n: int, dtype: torch.dtype, device: str):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_matches_f_rms_norm(device: str, dtype: torch.dtype) -> None:
     rtol, atol = VS_TORCH[dtype]
     for shape in [(7, 1), (5, 3, 33), (64, 1024), (4, 4099), (2, 16384)]:
@@ -230,7 +230,7 @@ def test_nn_rmsnorm_compiled_training_matches_eager(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_weight_offset_is_an_offset_weight_in_f32(device: str, dtype: torch.dtype) -> None:
     # out = x * rstd * (w + offset), the sum formed in f32 (f64 for f64): equal to F.rms_norm with the
     # offset weight computed in float64, within the output dtype's rounding.
@@ -260,7 +260,7 @@ def _add_rms_norm(x, r, w=None, eps=1e-6, offset=0.0):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_add_rms_norm_is_add_then_rms_norm(device: str, dtype: torch.dtype) -> None:
     rtol, atol = VS_TORCH[dtype]
     for shape in [(7, 1), (5, 3, 33), (64, 1024), (4, 4099), (2, 16384)]:
@@ -329,7 +329,7 @@ def test_nn_rmsnorm_scripted_with_residual_and_offset() -> None:
     torch.testing.assert_close(gemma(x), torch.nn.RMSNorm(8)(x))
     # eps None: as torch, the epsilon of the computation dtype (float32 for 16-bit inputs), at each call.
     # Tiny inputs, where an eps of the wrong size changes the output.
-    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+    for dtype in FLOAT_DTYPES:
         m = torchops.nn.RMSNorm(8, dtype=dtype)
         xd = random_tensor((3, 8), dtype, "cpu") * 1e-3
         torch.testing.assert_close(m(xd), torch.nn.RMSNorm(8, dtype=dtype)(xd), rtol=VS_TORCH[dtype][0], atol=0)
@@ -390,7 +390,7 @@ _CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1024, 1025, 1032, 2
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("weight_kind", ["same", "f32", None])
 def test_cuda_every_path_forward_and_backward(dtype: torch.dtype, weight_kind) -> None:
     if weight_kind == "f32" and dtype not in HALF_DTYPES:

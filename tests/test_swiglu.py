@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import torchops
-from helpers import called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, random_tensor, requires_cuda
+from helpers import FLOAT_DTYPES, called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, random_tensor, requires_cuda
 
-ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+ALL_DTYPES = FLOAT_DTYPES
 MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 
 

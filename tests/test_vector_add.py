@@ -9,7 +9,7 @@ import torch._dynamo.testing
 from expecttest import TestCase
 
 import torchops
-from helpers import called_ops, DEVICES, assert_close_to_reference, make_layout, poison_, random_tensor
+from helpers import FLOAT_AND_INT_DTYPES, called_ops, DEVICES, assert_close_to_reference, make_layout, poison_, random_tensor
 from op_db import OPS_BY_NAME
 from torchops import _native
 
@@ -74,7 +74,7 @@ def test_forward_mode_ad(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", FLOAT_AND_INT_DTYPES)
 def test_every_sample_bit_identical_to_torch_add(device: str, dtype: torch.dtype) -> None:
     # One rounding of the exact sum, as torch.add does: any layout must give the very same bits.
     for sample in OPS_BY_NAME["vector_add"].sample_inputs(device, dtype, False):

@@ -41,7 +41,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from meta_kernels._checks import INT_DTYPES
 from torchops._polyfills import traced_as
 
-__all__ = ["add_rms_norm", "csr_spmm", "rms_norm", "spmm", "swiglu", "vector_add"]
+__all__ = ["add_rms_norm", "csr_spmm", "gelu_and_mul", "rms_norm", "spmm", "swiglu", "vector_add"]
 
 
 def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
@@ -53,6 +53,7 @@ def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Ca
 _vector_add, _vector_add_c = _entries(torch.ops.myns.vector_add.default)
 _vector_add_out, _vector_add_out_c = _entries(torch.ops.myns.vector_add_out.default)
 _swiglu, _swiglu_c = _entries(torch.ops.myns.swiglu.default)
+_gelu_and_mul, _gelu_and_mul_c = _entries(torch.ops.myns.gelu_and_mul.default)
 _rms_norm, _rms_norm_c = _entries(torch.ops.myns.rms_norm.default)
 _add_rms_norm, _add_rms_norm_c = _entries(torch.ops.myns.add_rms_norm.default)
 _csr_spmm, _csr_spmm_c = _entries(torch.ops.myns.csr_spmm.default)
@@ -116,6 +117,37 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 @traced_as(swiglu)
 def _swiglu_traced(gate: Tensor, up: Tensor) -> Tensor:
     return _swiglu(gate, up)
+
+
+def gelu_and_mul(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
+    """GeGLU activation ``F.gelu(gate, approximate=approximate) * up``, fused in one pass.
+
+    Args:
+        gate, up: tensors of the same shape, dtype (float16, bfloat16, float32 or float64) and device.
+            Any strides: the two halves of ``x.chunk(2, dim=-1)`` are read in place, without copies.
+            No broadcasting and no type promotion.
+        approximate: ``"none"`` for the exact GELU ``x * Phi(x)`` (erf), ``"tanh"`` for its tanh
+            approximation, as in ``torch.nn.functional.gelu``. Anything else raises.
+
+    Returns:
+        A new contiguous tensor of ``gate``'s shape and dtype. float16/bfloat16 are computed in float32.
+
+    Differentiable in ``gate`` and ``up``: the backward is the ``myns::gelu_and_mul_backward`` op, which
+    recomputes the activation instead of saving it (it is itself differentiable, for double backward).
+    Forward-mode AD (``torch.func.jvp``) is supported. Works under ``torch.compile``, ``torch.export``,
+    TorchScript (as ``torch.ops.myns.gelu_and_mul``) and AOTInductor.
+
+    Example::
+
+        >>> x = torch.randn(4, 2 * 16384)                                   # fused gate/up projection
+        >>> y = torchops.gelu_and_mul(*x.chunk(2, dim=-1), approximate="tanh")  # (4, 16384)
+    """
+    return _gelu_and_mul_c(gate, up, approximate)
+
+
+@traced_as(gelu_and_mul)
+def _gelu_and_mul_traced(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
+    return _gelu_and_mul(gate, up, approximate)
 
 
 def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, weight_offset: float = 0.0) -> Tensor:

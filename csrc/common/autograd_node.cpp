@@ -3,6 +3,9 @@
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace torchops {
 
@@ -53,6 +56,27 @@ variable_list apply_packed(const variable_list& grads, const std::vector<c10::IV
   return formula(ctx, saved, grads);
 }
 
+// Compiled autograd keeps the functions it is given in one namespace per process and refuses a name twice,
+// so each (node name, packed-argument types) pair is bound once, as PyTorch's own nodes do; a second type
+// layout under the same node name gets a numbered name.
+std::string bind_once(const torch::dynamo::autograd::PyCompilerInterface& py, PyObject* compiler,
+                      const std::string& name, const std::vector<at::TypePtr>& schema) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::string> bound;       // name + types -> bound name
+  static std::unordered_map<std::string, int> layouts_per_name;    // name -> type layouts bound so far
+  std::string key = name;
+  for (const auto& type : schema) key += "|" + type->str();
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto found = bound.find(key);
+  if (found != bound.end()) return found->second;
+  const int layout = layouts_per_name[name]++;
+  const std::string fn_name = py.bind_function(compiler, layout == 0 ? name : name + std::to_string(layout),
+                                               &apply_packed, schema, /*is_custom_function=*/false,
+                                               /*is_traceable=*/false);
+  bound.emplace(std::move(key), fn_name);
+  return fn_name;
+}
+
 }  // namespace
 
 void OpNode::compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const {
@@ -80,8 +104,7 @@ variable_list OpNode::apply_with_saved(const variable_list& inputs,
   schema.reserve(packed.size());
   for (const auto& v : packed) schema.push_back(v.isTensor() ? at::TensorType::get() : v.type());
   const auto& py = torch::dynamo::autograd::getPyCompilerInterface();
-  const std::string fn_name = py->bind_function(saved.get_py_compiler(), name_, &apply_packed, schema,
-                                                /*is_custom_function=*/false, /*is_traceable=*/false);
+  const std::string fn_name = bind_once(*py, saved.get_py_compiler(), name_, schema);
   const auto output_metadata =
       torch::dynamo::autograd::IValuePacker<std::vector<std::optional<torch::autograd::InputMetadata>>>::pack(
           torch::dynamo::autograd::get_input_metadata(next_edges()));

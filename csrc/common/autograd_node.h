@@ -6,7 +6,7 @@
 // and functorch handles those: the Autograd kernel runs on the transform's wrapped tensors, the call below
 // autograd reaches functorch's back-mode key, which unwraps, runs the level below and wraps the result.
 //
-// Use, in an Autograd-key kernel (see csrc/autograd/swiglu.cpp):
+// Use, in an Autograd-key kernel (see csrc/autograd/gated.cpp):
 //   OpNodePtr node;
 //   if (needs_grad(x, y)) {
 //     node = make_op_node("SwigluBackward", &swiglu_backward_formula, {x, y});  // the edges

@@ -307,6 +307,12 @@ void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<Na
   }
 }
 
+bool gelu_uses_tanh(const char* op, c10::string_view approximate) {
+  if (approximate == "none") return false;
+  TORCHOPS_CHECK(approximate == "tanh", op, "approximate must be 'none' or 'tanh', got '", approximate, "'");
+  return true;
+}
+
 void fail_too_many_dims(const char* op, int max_dims) {
   TORCH_CHECK(false, "myns::", op, ": tensors with more than ", max_dims,
               " non-mergeable dimensions are not supported");

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
+#include <c10/util/string_view.h>
 
 #include <initializer_list>
 
@@ -37,6 +38,9 @@ void check_elementwise(const char* op, c10::ArrayRef<NamedTensor> tensors,
 // sharing no element, such as x[0::2] and x[1::2], are accepted); a layout too costly to decide is
 // refused, saying so.
 void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<NamedTensor> inputs);
+
+// F.gelu's `approximate` argument: false for "none" (erf), true for "tanh"; anything else raises.
+bool gelu_uses_tanh(const char* op, c10::string_view approximate);
 
 // Raised by collapse_layout (strided.h) for layouts with more than `max_dims` non-mergeable dimensions.
 [[noreturn]] void fail_too_many_dims(const char* op, int max_dims);

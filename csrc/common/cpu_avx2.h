@@ -1,5 +1,5 @@
-// AVX2/F16C loads and stores of 8 f16/bf16/f32 values as f32, and f32 exp/sigmoid, for the CPU kernels'
-// hot loops.
+// AVX2/F16C loads and stores of 8 f16/bf16/f32 values as f32, f32 exp/sigmoid/normal CDF and lookups by
+// stored bits, for the CPU kernels' hot loops.
 //
 // Extensions are compiled for baseline x86-64 (like libtorch itself, which dispatches at run time), so
 // at::vec::Vectorized<Half/BFloat16> falls back to per-element software conversion there: ~20x slower
@@ -10,6 +10,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -147,23 +148,47 @@ TORCHOPS_TARGET_AVX2 inline __m256 sigmoid8(__m256 x) {
   return _mm256_div_ps(one, _mm256_add_ps(one, exp8(minus_x)));
 }
 
-// The sigmoid of every f16 (or bf16) value, indexed by its 16 bits: 256 KiB, computed once with sigmoid8
-// (so a lookup gives exactly what sigmoid8 gives). Measured on our CI's CPU (Zen 1, whose 128-bit FP units
-// split every AVX2 op): bf16 swiglu, one core, in cache, went from 2.95 to 2.0 ns per element forward and
-// from 5.7 to 3.7-4.0 backward; exp8 + division is the bulk of the element's cost there.
-template <typename T>
-TORCHOPS_TARGET_AVX2 inline std::vector<float> make_sigmoid_table() {
+// The standard normal CDF Phi(x) = 0.5 erfc(-x / sqrt 2) of 8 f32 lanes and exp(-x^2 / 2) (which the
+// normal density is, up to 1 / sqrt(2 pi)), sharing that exponential: erfc(z) = t P(t) exp(-z^2),
+// t = 1 / (1 + p z), z = |x| / sqrt 2 >= 0, Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7, the
+// accuracy of torch's own vectorised erf), and erfc(-z) = 2 - erfc(z). Phi(+inf) = 1, Phi(-inf) = 0, NaN
+// stays NaN.
+TORCHOPS_TARGET_AVX2 inline __m256 normal_cdf8(__m256 x, __m256& exp_half_sq) {
+  const __m256 abs_x = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f * 0.70710678118654752f), abs_x, one));
+  __m256 p = _mm256_set1_ps(1.061405429f);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+  exp_half_sq = exp8(_mm256_mul_ps(_mm256_set1_ps(-0.5f), _mm256_mul_ps(x, x)));
+  const __m256 half_erfc = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), t), _mm256_mul_ps(p, exp_half_sq));
+  const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+  // x >= 0 (or NaN): 1 - Phi(-|x|); NaN propagates through half_erfc.
+  return _mm256_blendv_ps(_mm256_sub_ps(one, half_erfc), half_erfc, negative);
+}
+
+TORCHOPS_TARGET_AVX2 inline __m256 normal_cdf8(__m256 x) {
+  __m256 unused;
+  return normal_cdf8(x, unused);
+}
+
+// A function of a 16-bit float tabulated over all 65536 bit patterns (256 KiB, built once, thread-safe) by
+// its own 8-lane f32 form Fn::apply, so a lookup gives exactly what the vector math gives.
+template <typename T, typename Fn>
+TORCHOPS_TARGET_AVX2 inline std::vector<float> make_bits_table() {
   std::vector<float> table(1 << 16);
   for (int i = 0; i < (1 << 16); i += 8) {
     const __m128i bits = _mm_add_epi16(_mm_set1_epi16(static_cast<int16_t>(i)), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
-    _mm256_storeu_ps(table.data() + i, sigmoid8(bits8_to_float<T>(bits)));
+    _mm256_storeu_ps(table.data() + i, Fn::apply(bits8_to_float<T>(bits)));
   }
   return table;
 }
 
-template <typename T>
-inline const float* sigmoid_table() {
-  static const std::vector<float> table = make_sigmoid_table<T>();  // thread-safe, built on first use
+template <typename T, typename Fn>
+inline const float* bits_table() {
+  static const std::vector<float> table = make_bits_table<T, Fn>();
   return table.data();
 }
 
@@ -174,23 +199,37 @@ struct Lanes8 {
   int64_t s;
 };
 
-// sigmoid8(x) for x holding the 8 values at `src`: computed for f32; for f16/bf16 looked up in the table by
-// their 16 bits, read straight from `src` with scalar loads. (A vgatherdps on indices shifted out of x cost
-// twice as much on Zen 1: a backward element went from 3.0-3.5 to 1.6 ns in cache, one core, in a
-// standalone loop of the bf16 backward.)
-template <typename T>
-TORCHOPS_TARGET_AVX2 inline __m256 sigmoid8_of(__m256 x, Lanes8<T> src) {
+// Fn::apply(x) for x holding the 8 values at `src`: computed for f32, looked up by their stored bits (a
+// table built by Fn::apply itself) for f16/bf16.
+template <typename T, typename Fn>
+TORCHOPS_TARGET_AVX2 inline __m256 by_bits8(__m256 x, Lanes8<T> src) {
   if constexpr (std::is_same_v<T, float>) {
     (void)src;
-    return sigmoid8(x);
+    return Fn::apply(x);
   } else {
     (void)x;
-    const float* table = sigmoid_table<T>();
+    const float* table = bits_table<T, Fn>();
     const auto* bits = reinterpret_cast<const uint16_t*>(src.p);
     const int64_t s = src.s;
     return _mm256_setr_ps(table[bits[0]], table[bits[s]], table[bits[2 * s]], table[bits[3 * s]], table[bits[4 * s]],
                           table[bits[5 * s]], table[bits[6 * s]], table[bits[7 * s]]);
   }
+}
+
+// sigmoid8 as a table-able function.
+struct Sigmoid8 {
+  TORCHOPS_TARGET_AVX2 static __m256 apply(__m256 x) { return sigmoid8(x); }
+};
+
+// sigmoid8(x) for x holding the 8 values at `src`: computed for f32; for f16/bf16 looked up in a table by
+// their 16 bits (by_bits8). Measured on our CI's CPU (Zen 1, whose 128-bit FP units split every AVX2 op):
+// bf16 swiglu, one core, in cache, went from 2.95 to 2.0 ns per element forward and from 5.7 to 3.7-4.0
+// backward; exp8 + division is the bulk of the element's cost there. The bits are read straight from
+// `src` with scalar loads: a vgatherdps on indices shifted out of x cost twice as much on Zen 1 (a backward
+// element went from 3.0-3.5 to 1.6 ns in cache, one core, in a standalone loop of the bf16 backward).
+template <typename T>
+TORCHOPS_TARGET_AVX2 inline __m256 sigmoid8_of(__m256 x, Lanes8<T> src) {
+  return by_bits8<T, Sigmoid8>(x, src);
 }
 
 }  // namespace cpu
