@@ -36,7 +36,8 @@ def defined_ops(source: str) -> list[DefinedOp]:
     """Every define() of `source` (csrc/ops.cpp's text), in order, with the comment block above it."""
     ops = []
     for match in _DEFINE.finditer(source):
-        schema = "".join(_LITERAL.findall(match.group(1)))
+        # The literals' contents with C escapes undone (a default string is written \"none\").
+        schema = re.sub(r"\\(.)", r"\1", "".join(_LITERAL.findall(match.group(1))))
         doc: list[str] = []
         # The lines before the one define( is on, nearest first.
         for line in reversed(source[: match.start()].split("\n")[:-1]):
