@@ -183,10 +183,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
-    # A fresh compile per shape, each specialised: no shape may fall back to eager for hitting the limit.
-    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 1024))
+    H.raise_recompile_limit()  # a fresh compile per shape, each specialised
     liger, why = _liger() if args.device == "cuda" else (None, "CPU run")
     if liger is None and args.device == "cuda":
         print(f"NOTE: Liger-Kernel skipped ({why}; pip install liger-kernel==0.8.5): its bars report no data",

@@ -1,217 +1,35 @@
 """Benchmark ``torchops.swiglu`` (forward and backward) against eager ``F.silu(g) * u`` and ``torch.compile`` of it.
 
-LLaMA MLP shapes: gate and up are the two halves of one fused projection, ``x.chunk(2, -1)`` of a
-(tokens, 2*hidden) tensor (``--layouts contiguous`` adds separate dense tensors). On the same tensors in
-the same run: forward (3 tensors moved: gate, up read, out written) and backward through autograd
-(5 tensors: grad_out, gate, up read, grad_gate, grad_up written; each impl's own backward: eager runs
-mul's and silu's backward kernels, compile runs the Inductor backward of the compiled function, torchops
-runs myns::swiglu_backward), bandwidth against a device-to-device copy measured in the same run, and the
-peak memory of forward+backward from a leaf x (CUDA).
+LLaMA MLP shapes; what is measured and how: benchmarks/gated.py (the gated-activation family's bench).
 
     python benchmarks/bench_swiglu.py [--device cuda|cpu] [--quick] [--dtypes bf16,f32] [--threads N]
-                                      [--layouts chunk,contiguous] [--no-compile] [--out-dir DIR]
+                                      [--layouts chunk,contiguous] [--shapes TxH,...] [--no-compile]
+                                      [--out-dir DIR]
     python -m benchmarks.bench_swiglu ...
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Sequence
 
 if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-place-built `torchops`) importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch
 import torch.nn.functional as F
 
+from benchmarks import gated
 from benchmarks import harness as H
 
-OP = "swiglu"
-IMPL = "torchops"
-EAGER = "eager silu*mul"
-COMPILED = "torch.compile"
-# Tolerances of the pre-timing check against eager (eager rounds silu to the dtype before the product).
-CHECK_TOL = {torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3), torch.float32: (1e-5, 1e-5),
-             torch.float64: (1e-10, 1e-10)}
-
-
-def reference_math(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
-
-
-BAR_SHAPE = (16384, 14336)  # where benchmarks/bars.py judges swiglu (a LLaMA-3-8B MLP at 16k tokens)
-
-
-def shapes(device: str, quick: bool, only: str = "") -> list[tuple[int, int]]:
-    """(tokens, hidden): LLaMA-7B/8B/70B-style intermediate sizes on the GPU; a smaller CPU set.
-    `only` ("16384x14336,4096x11008") replaces the list."""
-    if only:
-        return [tuple(int(v) for v in item.lower().split("x")) for item in only.split(",") if item.strip()]
-    if quick:
-        return [(64, 1024), (128, 2816)]
-    if device == "cuda":
-        return [(t, h) for t in (4096, 8192, 16384) for h in (11008, 14336, 28672)]
-    return [(512, 11008), (1024, 14336)]
-
-
-def make_inputs(layout: str, tokens: int, hidden: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if layout == "chunk":
-        gate, up = H.rand((tokens, 2 * hidden), dtype, device).chunk(2, dim=-1)
-        return gate, up
-    return H.rand((tokens, hidden), dtype, device), H.rand((tokens, hidden), dtype, device)
-
-
-def _check(got, want, dtype: torch.dtype, what: str) -> None:
-    rtol, atol = CHECK_TOL[dtype]
-    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
-
-
-def _backward_timer(fn: Callable, gate: torch.Tensor, up: torch.Tensor, grad: torch.Tensor) -> tuple[Callable[[], object], tuple]:
-    """A callable running only the backward of fn(gate, up) (graph kept), and its first result."""
-    g, u = gate.detach().requires_grad_(), up.detach().requires_grad_()  # leaves, still views of x
-    out = fn(g, u)
-    run = lambda: torch.autograd.grad(out, (g, u), grad, retain_graph=True)  # noqa: E731
-    return run, run()
-
-
-def peak_fwd_bwd_bytes(fn: Callable, x: torch.Tensor, grad: torch.Tensor) -> int:
-    """Peak CUDA memory above what was allocated before one forward+backward from the leaf x."""
-    leaf = x.detach().requires_grad_()
-    H.free_memory("cuda")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn(*leaf.chunk(2, dim=-1)).backward(grad)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del leaf
-    return peak
-
-
-def bench(args: argparse.Namespace, swiglu: Callable, copy_bps: float) -> Iterator[H.Result]:
-    for dtype in args.dtypes:
-        for layout in args.layouts:
-            for tokens, hidden in shapes(args.device, args.quick, args.shapes):
-                shape = f"{tokens}x{hidden}"
-                n = tokens * hidden
-                gate, up = make_inputs(layout, tokens, hidden, dtype, args.device)
-                grad = H.rand((tokens, hidden), dtype, args.device)
-                impls: dict[str, Callable] = {EAGER: reference_math, IMPL: swiglu}
-                if args.compile:
-                    torch._dynamo.reset()
-                    # Static shapes: Inductor's best case for each shape (one compile per shape).
-                    impls[COMPILED] = torch.compile(reference_math, dynamic=False)
-                common = dict(op=OP, dtype=dtype, shape=shape, numel=n, device=args.device, copy_bps=copy_bps)
-                out: list[H.Result] = []  # this shape's rows, handed on once the shape is done
-
-                def emit(case: str, times: dict[str, float], tensors_moved: int) -> None:
-                    for name, ms in times.items():
-                        out.append(H.bandwidth_result(case=case, impl=name, ms=ms, nbytes=tensors_moved * n * gate.element_size(),
-                                                      baseline=EAGER, baseline_ms=times[EAGER], **common))
-                        if name == IMPL and COMPILED in times:
-                            out[-1].extra["vs_compiled"] = H.speedup(times[COMPILED], ms)
-
-                # Forward: 2 reads + 1 write.
-                want = reference_math(gate, up)
-                for name, fn in impls.items():
-                    _check(fn(gate, up), want, dtype, f"{name} forward {shape}")
-                del want
-                fwd_ms = H.time_all_ms({name: (lambda fn=fn: fn(gate, up)) for name, fn in impls.items()},
-                                       args.device, quick=args.quick)
-                emit(f"fwd {layout}", fwd_ms, 3)
-
-                # Backward through autograd: 3 reads + 2 writes.
-                runs = {}
-                want_grads = None
-                for name, fn in impls.items():
-                    runs[name], grads = _backward_timer(fn, gate, up, grad)
-                    if want_grads is None:
-                        want_grads = grads
-                    else:
-                        for got, exp in zip(grads, want_grads):
-                            _check(got, exp, dtype, f"{name} backward {shape}")
-                    del grads
-                del want_grads
-                bwd_ms = H.time_all_ms(runs, args.device, quick=args.quick)
-                del runs
-                H.free_memory(args.device)
-                emit(f"bwd {layout}", bwd_ms, 5)
-
-                if args.device == "cuda" and layout == "chunk":
-                    x = gate._base if gate._base is not None else torch.cat([gate, up], dim=-1)
-                    peaks = {name: peak_fwd_bwd_bytes(fn, x, grad) for name, fn in impls.items()}
-                    for name, peak in peaks.items():
-                        out.append(H.Result(op=OP, case="peak MiB fwd+bwd", dtype=H.DTYPE_NAMES[dtype], shape=shape,
-                                            numel=n, impl=name, device=args.device, ms=0.0,
-                                            speedup=peaks[EAGER] / peak if peak else None, baseline=EAGER,
-                                            extra={"peak_bytes": peak, "peak_mib": peak / H.MiB}))
-                del gate, up, grad, impls
-                H.free_memory(args.device)
-                print(f"  {H.DTYPE_NAMES[dtype]} {layout} {shape} done", file=sys.stderr, flush=True)
-                yield from out
-
-
-def summarize(results: Sequence[H.Result], device: str, copy_bps: float) -> str:
-    """The figures the bars are about (vs eager, vs compiled, % of copy) at 16384 x 14336 when measured, else at
-    the largest shape measured; the bars themselves are checked by the harness."""
-    measured = {r.numel for r in results if r.op == OP}
-    top = BAR_SHAPE[0] * BAR_SHAPE[1] if BAR_SHAPE[0] * BAR_SHAPE[1] in measured else max(measured, default=0)
-    parts: list[str] = []
-    for dt in ("bf16", "f32"):
-        for case in ("fwd chunk", "bwd chunk", "fwd contiguous", "bwd contiguous"):
-            r = next((r for r in results if r.numel == top and r.dtype == dt and r.case == case and r.impl == IMPL), None)
-            if r is None:
-                continue
-            vs_c = r.extra.get("vs_compiled")
-            text = f"{dt} {case} {r.speedup:.2f}× eager"
-            if vs_c is not None:
-                text += f", {vs_c:.2f}× compiled"
-            if device == "cuda":
-                text += f", {r.pct_copy:.1f}% of copy"
-            parts.append(text)
-        peak = {r.impl: r for r in results if r.numel == top and r.dtype == dt and r.case == "peak MiB fwd+bwd"}
-        if IMPL in peak and EAGER in peak:
-            parts.append(f"{dt} peak fwd+bwd {peak[IMPL].extra['peak_mib']:.0f} MiB vs eager "
-                         f"{peak[EAGER].extra['peak_mib']:.0f} MiB" +
-                         (f", compiled {peak[COMPILED].extra['peak_mib']:.0f} MiB" if COMPILED in peak else ""))
-    if device == "cuda":
-        parts.append(f"copy {copy_bps / 1e12:.2f} TB/s")
-    shape = next((r.shape for r in results if r.numel == top and r.op == OP), "?")
-    return f"Summary swiglu ({shape}; speedup > 1 = faster): " + "; ".join(parts)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--layouts", default="chunk", help="comma-separated subset of chunk,contiguous (default: %(default)s)")
-    parser.add_argument("--shapes", default="", help="comma-separated TOKENSxHIDDEN list replacing the default shapes")
-    parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile baseline")
-
-
-def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    args.layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
-    if not args.layouts or any(s not in ("chunk", "contiguous") for s in args.layouts):
-        parser.error("--layouts: choose from chunk, contiguous")
-
-
-def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
-    import torchops
-
-    yield from bench(args, torchops.swiglu, ctx.copy_bps)
-
-
-BENCH = H.Bench(
-    op=OP,
-    description=__doc__.splitlines()[0],
-    run=run,
-    largest_operand=lambda args: (max(t * h for t, h in shapes(args.device, args.quick, args.shapes))
-                                  * max(d.itemsize for d in args.dtypes)),
-    default_dtypes=("bf16", "f32"),
-    add_arguments=add_arguments,
-    check_arguments=check_arguments,
-    summarize=lambda results, args, ctx: summarize(results, args.device, ctx.copy_bps),
-    meta=lambda args: {"layouts": args.layouts, "compile": args.compile},
+SPEC = gated.GatedOp(
+    op="swiglu",
+    eager="eager silu*mul",
+    reference=lambda gate, up: F.silu(gate) * up,
+    # LLaMA-7B/8B/70B-style intermediate sizes
+    gpu_shapes=tuple((t, h) for t in (4096, 8192, 16384) for h in (11008, 14336, 28672)),
 )
+BENCH = gated.make_bench(SPEC, __doc__.splitlines()[0])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -183,6 +183,16 @@ def time_all_ms(fns: dict[str, Callable[[], Any]], device: str, *, quick: bool =
     return {name: statistics.median(times) * 1e3 for name, times in blocks.items()}
 
 
+def raise_recompile_limit(limit: int = 1024) -> None:
+    """Let torch.compile baselines compile afresh for every shape (and form) of a run: past dynamo's
+    recompile limit a function silently falls back to eager, and the baseline would be eager's."""
+    import torch._dynamo
+
+    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), limit))
+
+
 def synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
