@@ -3,6 +3,7 @@ fresh-process runs."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -48,6 +49,36 @@ def random_tensor(shape: Sequence[int], dtype: torch.dtype, device: str | torch.
     if dtype.is_floating_point:
         return torch.empty(shape, dtype=torch.float64, device=device).uniform_(low, high).to(dtype)
     return torch.randint(-1000, 1000, tuple(shape), dtype=dtype, device=device)
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of `dtype` numbers around the float64 values x (subnormal spacing near 0)."""
+    fi = torch.finfo(dtype)
+    return torch.pow(2.0, torch.floor(torch.log2(x.abs().clamp_min(fi.smallest_normal)))) * fi.eps
+
+
+def exact_gelu(x: torch.Tensor, approximate: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """gelu and gelu' in float64 without the cancellations of torch's formulas far below zero (where
+    1 + erf and 1 + tanh lose all digits): Phi = erfc(-x / sqrt 2) / 2; tanh form x sigmoid(w), w = 2u, with
+    1 - sigmoid(w) = sigmoid(-w)."""
+    x = x.detach().cpu().double()
+    if approximate == "none":
+        cdf = 0.5 * torch.special.erfc(-x / math.sqrt(2))
+        pdf = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        return x * cdf, cdf + x * pdf
+    beta, kappa = math.sqrt(2 / math.pi), 0.044715
+    w = 2 * beta * (x + kappa * x**3)
+    s, one_minus_s = torch.sigmoid(w), torch.sigmoid(-w)
+    return x * s, s + x * s * one_minus_s * 2 * beta * (1 + 3 * kappa * x * x)
+
+
+def chunk_halves(rows: int, h: int, dtype: torch.dtype, device: str, *, offset: int = 0, low: float = -3.0,
+                 high: float = 3.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (rows x 2h, starting `offset` elements into its storage) and its halves x.chunk(2, -1): the gate
+    and up of a fused projection, read in place by the gated ops."""
+    x = random_tensor((rows * 2 * h + offset,), dtype, device, low=low, high=high)[offset:].view(rows, 2 * h)
+    gate, up = x.chunk(2, dim=-1)
+    return x, gate, up
 
 
 def make_layout(shape: Sequence[int], dtype: torch.dtype, device: str, layout: str) -> torch.Tensor:

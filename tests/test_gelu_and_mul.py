@@ -12,10 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import torchops
-from helpers import DEVICES, assert_close_to_reference, random_tensor, requires_cuda
+from helpers import DEVICES, assert_close_to_reference, chunk_halves, exact_gelu, random_tensor, requires_cuda, ulp
 
 ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 FORMS = ("none", "tanh")
 
 
@@ -35,32 +34,6 @@ def derivative(x: torch.Tensor, approximate: str) -> torch.Tensor:
     return torch.ops.aten.gelu_backward(torch.ones_like(x), x, approximate=approximate)
 
 
-def exact_gelu(x: torch.Tensor, approximate: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """gelu and gelu' in float64 without the cancellations of torch's formulas far below zero (where
-    1 + erf and 1 + tanh lose all digits): Phi = erfc(-x / sqrt 2) / 2; tanh form x sigmoid(w), w = 2u, with
-    1 - sigmoid(w) = sigmoid(-w)."""
-    x = x.detach().cpu().double()
-    if approximate == "none":
-        cdf = 0.5 * torch.special.erfc(-x / math.sqrt(2))
-        pdf = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-        return x * cdf, cdf + x * pdf
-    beta, kappa = math.sqrt(2 / math.pi), 0.044715
-    w = 2 * beta * (x + kappa * x**3)
-    s, one_minus_s = torch.sigmoid(w), torch.sigmoid(-w)
-    return x * s, s + x * s * one_minus_s * 2 * beta * (1 + 3 * kappa * x * x)
-
-
-def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of `dtype` numbers around the float64 values x (subnormal spacing near 0)."""
-    tiny = torch.finfo(dtype).smallest_normal
-    return torch.pow(2.0, torch.floor(torch.log2(x.abs().clamp_min(tiny))) - MANTISSA_BITS[dtype])
-
-
-def chunk_halves(rows: int, h: int, dtype: torch.dtype, device: str, *, offset: int = 0, low: float = -3.0,
-                 high: float = 3.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = random_tensor((rows * 2 * h + offset,), dtype, device, low=low, high=high)[offset:].view(rows, 2 * h)
-    gate, up = x.chunk(2, dim=-1)
-    return x, gate, up
 
 
 # ------------------------------------------------------------------------------------------- wrapper

@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchops
-from helpers import DEVICES, FLOAT_DTYPES, INT_DTYPES, TOLERANCES, assert_close_to_reference, run_python
+from helpers import DEVICES, FLOAT_DTYPES, INT_DTYPES, TOLERANCES, assert_close_to_reference, exact_gelu, run_python
 from op_db import upcast
 
 _COMMON = dict(deadline=None, database=None, print_blob=True,
@@ -219,16 +219,21 @@ def _silu_underflow_pairs(gate: torch.Tensor, up: torch.Tensor, compute: torch.d
     return band & ~(error <= atol / 4)
 
 
-@given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, chunked=st.booleans())
-def test_swiglu_matches_float64_reference(data, dtype, device, chunked) -> None:
-    if chunked:  # the halves of x.chunk(2, -1), the layout the op exists for
+def _gated_inputs(data, dtype: torch.dtype, device: str, chunked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate and up for a gated op: the halves of x.chunk(2, -1) (the layout the ops exist for), or two
+    tensors of any layout."""
+    if chunked:
         shape = data.draw(shapes(min_rank=1, min_last=1), label="shape")
         x = make(data.draw(specs(shape[:-1] + (2 * shape[-1],), dtype), label="x"), device)
-        gate, up = x.chunk(2, dim=-1)
-    else:
-        shape = data.draw(shapes(), label="shape")
-        gate = make(data.draw(specs(shape, dtype), label="gate"), device)
-        up = make(data.draw(specs(shape, dtype), label="up"), device)
+        return x.chunk(2, dim=-1)
+    shape = data.draw(shapes(), label="shape")
+    return (make(data.draw(specs(shape, dtype), label="gate"), device),
+            make(data.draw(specs(shape, dtype), label="up"), device))
+
+
+@given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, chunked=st.booleans())
+def test_swiglu_matches_float64_reference(data, dtype, device, chunked) -> None:
+    gate, up = _gated_inputs(data, dtype, device, chunked)
     left_out = _silu_underflow_pairs(gate, up, _stat_dtype(dtype), TOLERANCES[dtype][1])
     if left_out.any():
         up = up.clone()  # dense now; still a valid input
@@ -248,7 +253,7 @@ def _gelu_imprecise_pairs(gate: torch.Tensor, up: torch.Tensor, approximate: str
     `up` multiplies that into a visible difference. Those pairs are left out (the caller sets up = 1 there)."""
     g, u = upcast((gate, up))
     fi = torch.finfo(compute)
-    value = torch.nn.functional.gelu(g, approximate=approximate)
+    value = exact_gelu(g, approximate)[0]
     w = 2 * math.sqrt(2 / math.pi) * (g + 0.044715 * g**3)
     if approximate == "none":
         error = g.abs() * fi.eps
@@ -262,20 +267,13 @@ def _gelu_imprecise_pairs(gate: torch.Tensor, up: torch.Tensor, approximate: str
 @given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, chunked=st.booleans(),
        approximate=st.sampled_from(("none", "tanh")))
 def test_gelu_and_mul_matches_float64_reference(data, dtype, device, chunked, approximate) -> None:
-    if chunked:  # the halves of x.chunk(2, -1), the layout the op exists for
-        shape = data.draw(shapes(min_rank=1, min_last=1), label="shape")
-        x = make(data.draw(specs(shape[:-1] + (2 * shape[-1],), dtype), label="x"), device)
-        gate, up = x.chunk(2, dim=-1)
-    else:
-        shape = data.draw(shapes(), label="shape")
-        gate = make(data.draw(specs(shape, dtype), label="gate"), device)
-        up = make(data.draw(specs(shape, dtype), label="up"), device)
+    gate, up = _gated_inputs(data, dtype, device, chunked)
     left_out = _gelu_imprecise_pairs(gate, up, approximate, _stat_dtype(dtype), TOLERANCES[dtype][1])
     if left_out.any():
         up = up.clone()  # dense now; still a valid input
         up[left_out.to(up.device)] = 1
     g, u = upcast((gate, up))
-    expected = torch.nn.functional.gelu(g, approximate=approximate) * u
+    expected = exact_gelu(g, approximate)[0] * u
     _check_new_output(torchops.gelu_and_mul(gate, up, approximate=approximate), expected, device)
 
 

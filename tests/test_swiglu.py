@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import torchops
-from helpers import FLOAT_DTYPES, called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, random_tensor, requires_cuda
+from helpers import (FLOAT_DTYPES, called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, chunk_halves, random_tensor,
+                     requires_cuda, ulp)
 
 ALL_DTYPES = FLOAT_DTYPES
-MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 
 
 def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -27,19 +27,6 @@ def reference_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor)
     grad, gate, up = (t.detach().cpu().double() for t in (grad, gate, up))
     s = torch.sigmoid(gate)
     return grad * up * (s * (1 + gate * (1 - s))), grad * F.silu(gate)
-
-
-def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of `dtype` numbers around the float64 values x (subnormal spacing near 0)."""
-    tiny = torch.finfo(dtype).smallest_normal
-    return torch.pow(2.0, torch.floor(torch.log2(x.abs().clamp_min(tiny))) - MANTISSA_BITS[dtype])
-
-
-def chunk_halves(rows: int, h: int, dtype: torch.dtype, device: str, *, offset: int = 0, low: float = -3.0,
-                 high: float = 3.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = random_tensor((rows * 2 * h + offset,), dtype, device, low=low, high=high)[offset:].view(rows, 2 * h)
-    gate, up = x.chunk(2, dim=-1)
-    return x, gate, up
 
 
 # ------------------------------------------------------------------------------------------- wrapper
