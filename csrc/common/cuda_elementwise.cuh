@@ -28,6 +28,7 @@
 #include <array>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "cuda_utils.cuh"
 #include "dispatch.h"
@@ -227,14 +228,27 @@ struct TileStrides {
   int64_t col[kIn];
 };
 
+// f(std::integral_constant<int, q>{}) for q = 0 .. kN-1, as straight-line code: the tiled kernel below
+// needs its per-input statements unrolled before the compiler's loop passes run (see there).
+template <typename F, int... q>
+__device__ __forceinline__ void each_index_of(F& f, std::integer_sequence<int, q...>) {
+  (f(std::integral_constant<int, q>{}), ...);
+}
+template <int kN, typename F>
+__device__ __forceinline__ void each_index(F&& f) {
+  each_index_of(f, std::make_integer_sequence<int, kN>{});
+}
+
 // rows x cols outputs, row-major and dense. The inputs flagged in `col_major` (bit k: input k has unit
 // stride along rows) are read with consecutive threads walking their rows and staged in shared memory; the
 // others are read directly along columns, like the outputs are written.
-// Six blocks per SM (<= 42 registers): vector_add's own tiled kernel ran with 40 (16-bit) / 48 (32-bit).
-constexpr int kTiledBlocksPerSm = 6;
-
+// Written as vector_add's own tiled kernel was (a flag per input tested in straight-line code, loops over
+// k from ty): nvcc then unswitches both phases on the flags and keeps 40 registers (bf16 Add). Loops over
+// the inputs instead ("for q < kIn") made it lay the kernel out differently: 62 registers with these k loops
+// (0.91x torch.add on the bf16 16384^2 transpose, against 1.60x), 40 with the staging loop fully unrolled
+// under __launch_bounds__(256, 6) (1.22x). benchmarks/history/tuning/tiled_variants.cu times the forms.
 template <typename T, typename Op>
-__global__ void __launch_bounds__(kWarpSize * kTileRows, kTiledBlocksPerSm)
+__global__ void __launch_bounds__(kWarpSize * kTileRows)
     tiled_elementwise_kernel(ElementwisePointers<T, Op::kIn, Op::kOut> p, TileStrides<Op::kIn> s, int64_t rows,
                              int64_t cols, unsigned col_major, Op op) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
@@ -242,25 +256,22 @@ __global__ void __launch_bounds__(kWarpSize * kTileRows, kTiledBlocksPerSm)
   constexpr int kTile = kWarpSize * kPerThread;
   __shared__ T tiles[kIn][kTile][kTile + 1];  // +1 column: the transposed reads hit distinct banks
   const int tx = threadIdx.x, ty = threadIdx.y;
+  bool staged[kIn];
+  each_index<kIn>([&](auto q) { staged[q] = (col_major >> q) & 1u; });
   const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
 
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     for (int64_t ct = blockIdx.x; ct < col_tiles; ct += gridDim.x) {
       const int64_t r0 = rt * kTile, c0 = ct * kTile;
-      // The staging loads with a constant trip count, fully unrolled, so that all of them are in flight at
-      // once (the column-major reads are latency-bound).
-#pragma unroll
-      for (int kk = 0; kk < kTile / kTileRows; ++kk) {
-        const int k = ty + kk * kTileRows;
+      for (int k = ty; k < kTile; k += kTileRows) {
 #pragma unroll
         for (int j = 0; j < kPerThread; ++j) {
           const int tr = tx + kWarpSize * j;
           const int64_t r = r0 + tr, c = c0 + k;
           if (r < rows && c < cols) {
-#pragma unroll
-            for (int q = 0; q < kIn; ++q) {
-              if (col_major & (1u << q)) tiles[q][tr][k] = p.in[q][r * s.row[q] + c * s.col[q]];
-            }
+            each_index<kIn>([&](auto q) {
+              if (staged[q]) tiles[q][tr][k] = p.in[q][r * s.row[q] + c * s.col[q]];
+            });
           }
         }
       }
@@ -272,13 +283,11 @@ __global__ void __launch_bounds__(kWarpSize * kTileRows, kTiledBlocksPerSm)
           const int64_t r = r0 + k, c = c0 + tc;
           if (r < rows && c < cols) {
             AlignedVector<T, 1> x[kIn], y[kOut];
-#pragma unroll
-            for (int q = 0; q < kIn; ++q) {
-              x[q].val[0] = (col_major & (1u << q)) ? tiles[q][k][tc] : p.in[q][r * s.row[q] + c * s.col[q]];
-            }
+            each_index<kIn>([&](auto q) {
+              x[q].val[0] = staged[q] ? tiles[q][k][tc] : p.in[q][r * s.row[q] + c * s.col[q]];
+            });
             apply_lanes(op, x, y);
-#pragma unroll
-            for (int q = 0; q < kOut; ++q) p.out[q][r * cols + c] = y[q].val[0];
+            each_index<kOut>([&](auto q) { p.out[q][r * cols + c] = y[q].val[0]; });
           }
         }
       }

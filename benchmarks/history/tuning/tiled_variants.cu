@@ -9,10 +9,12 @@
 //     -Xlinker -rpath=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")/lib \
 //     -o /tmp/tiled benchmarks/history/tuning/tiled_variants.cu && /tmp/tiled
 // The question: vector_add's own tiled kernel (before the engine) ran the bf16 16384x16384 case in 1121 µs
-// (1.60x torch.add); the engine's generic kernel, which tests a runtime mask of column-major inputs, ran it
-// in 1465 µs (1.22x; with rolled staging loops and 62 registers it had been 0.91x). Each variant below is
-// one way of writing the kernel; every output is compared bit for bit with the old kernel's. Prints µs,
-// % of a device copy (3 tensors' bytes) and the speed against the old kernel.
+// (1.60x torch.add, f32 1.216x); the engine's generic kernel, a loop over the inputs testing a runtime mask
+// of column-major ones, ran it in 1465 µs (1.22x, f32 1.116x; with rolled staging loops and 62 registers it
+// had been 0.91x). The shipped form writes the per-input statements out with a fold expression, which gives
+// the old kernel's bf16 SASS shape (40 registers, the same loads and stores per unswitched path) but not its
+// f32 one. Each variant below is one way of writing the kernel; every output is compared bit for bit with
+// the old kernel's. Prints µs, % of a device copy (3 tensors' bytes) and the speed against the old kernel.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,6 +76,63 @@ __global__ void __launch_bounds__(32 * kTileRows)
             const T x = a_col_major ? tile_a[k][tc] : a[r * a_row_stride + c * a_col_stride];
             const T y = b_col_major ? tile_b[k][tc] : b[r * b_row_stride + c * b_col_stride];
             out[r * cols + c] = add(x, y);
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The engine's first two forms: a loop over the inputs testing a runtime mask. kUnrolled: the staging loop
+// has a constant trip count and is fully unrolled (with kMinBlocks = 6: the second form).
+template <typename T, typename Op, bool kUnrolled, int kMinBlocks>
+__global__ void __launch_bounds__(kWarp * kTileRows, kMinBlocks)
+    loop_kernel(ElementwisePointers<T, Op::kIn, Op::kOut> p, TileStrides<Op::kIn> s, int64_t rows, int64_t cols,
+                unsigned col_major, Op op) {
+  constexpr int kIn = Op::kIn, kOut = Op::kOut;
+  constexpr int kPer = tile_per_thread<T>();
+  constexpr int kTile = kWarp * kPer;
+  __shared__ T tiles[kIn][kTile][kTile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    for (int64_t ct = blockIdx.x; ct < col_tiles; ct += gridDim.x) {
+      const int64_t r0 = rt * kTile, c0 = ct * kTile;
+      auto stage = [&](int k) {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          const int tr = tx + kWarp * j;
+          const int64_t r = r0 + tr, c = c0 + k;
+          if (r < rows && c < cols) {
+#pragma unroll
+            for (int q = 0; q < kIn; ++q) {
+              if (col_major & (1u << q)) tiles[q][tr][k] = p.in[q][r * s.row[q] + c * s.col[q]];
+            }
+          }
+        }
+      };
+      if constexpr (kUnrolled) {
+#pragma unroll
+        for (int kk = 0; kk < kTile / kTileRows; ++kk) stage(ty + kk * kTileRows);
+      } else {
+        for (int k = ty; k < kTile; k += kTileRows) stage(k);
+      }
+      __syncthreads();
+      for (int k = ty; k < kTile; k += kTileRows) {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          const int tc = tx + kWarp * j;
+          const int64_t r = r0 + k, c = c0 + tc;
+          if (r < rows && c < cols) {
+            torchops::cuda::AlignedVector<T, 1> x[kIn], y[kOut];
+#pragma unroll
+            for (int q = 0; q < kIn; ++q) {
+              x[q].val[0] = (col_major & (1u << q)) ? tiles[q][k][tc] : p.in[q][r * s.row[q] + c * s.col[q]];
+            }
+            torchops::cuda::apply_lanes(op, x, y);
+#pragma unroll
+            for (int q = 0; q < kOut; ++q) p.out[q][r * cols + c] = y[q].val[0];
           }
         }
       }
@@ -245,8 +304,14 @@ void run_all(int64_t rows, int64_t cols, double copy_bps) {
   c.run("old (flags, rolled)", [&] {
     old_kernel<T><<<grid, block>>>(c.a, c.b, c.out, rows, cols, s.row[0], s.col[0], s.row[1], s.col[1], false, true);
   });
-  c.run("shipped (runtime mask, unrolled, 6/SM)", [&] {
+  c.run("shipped (cuda_elementwise.cuh)", [&] {
     torchops::cuda::tiled_elementwise_kernel<T, Add><<<grid, block>>>(p, s, rows, cols, 2u, Add{});
+  });
+  c.run("loop over inputs, rolled (~1st engine form)", [&] {
+    loop_kernel<T, Add, false, 1><<<grid, block>>>(p, s, rows, cols, 2u, Add{});
+  });
+  c.run("loop over inputs, unrolled, 6/SM (2nd form)", [&] {
+    loop_kernel<T, Add, true, 6><<<grid, block>>>(p, s, rows, cols, 2u, Add{});
   });
 #define MASKED(U, B, M)                                                                                       \
   c.run("mask<2>" #U #B ", " #M "/SM", [&] { masked_kernel<T, Add, 2u, U, B, M><<<grid, block>>>(p, s, rows, cols, Add{}); })
