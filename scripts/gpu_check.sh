@@ -115,7 +115,8 @@ fi
 t0=$(date +%s)
 XDIST=""
 $PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
-eval "$PY -m pytest $TEST_ARGS $XDIST -q -rfEs --junitxml=\"$OUT/junit.xml\"" >"$OUT/tests.log" 2>&1
+# --durations: the slowest tests at the end of the log, to keep the whole suite within one device call.
+eval "$PY -m pytest $TEST_ARGS $XDIST -q -rfEs --durations=25 --junitxml=\"$OUT/junit.xml\"" >"$OUT/tests.log" 2>&1
 rc=$?
 [ $rc -ne 0 ] && status=1 && grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
 note "tests: $(tail -1 "$OUT/tests.log") (rc $rc, $(( $(date +%s) - t0 )) s)"
