@@ -228,8 +228,8 @@ struct TileStrides {
   int64_t col[kIn];
 };
 
-// f(std::integral_constant<int, q>{}) for q = 0 .. kN-1, as straight-line code: the tiled kernel below
-// needs its per-input statements unrolled before the compiler's loop passes run (see there).
+// f(std::integral_constant<int, q>{}) for q = 0 .. kN-1, as straight-line code rather than a loop (the
+// tiled kernel below compiles differently from a loop over its inputs: see there).
 template <typename F, int... q>
 __device__ __forceinline__ void each_index_of(F& f, std::integer_sequence<int, q...>) {
   (f(std::integral_constant<int, q>{}), ...);
