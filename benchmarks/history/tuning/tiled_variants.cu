@@ -2,7 +2,7 @@
 // engine's own types (the shipped kernel is instantiated from the header itself), without a torch build:
 // out = a + b with a dense (rows x cols, row-major) and b the transpose of a dense cols x rows tensor,
 // vector_add's "transposed" bench case. Build and run on the GPU, with the build's nvcc flags:
-//   nvcc -O3 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -D__CUDA_NO_HALF_OPERATORS__ \
+//   nvcc -ccbin /usr/bin/g++ -O3 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -D__CUDA_NO_HALF_OPERATORS__ \
 //     -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ \
 //     $(python3 -c "from torch.utils.cpp_extension import include_paths as p; print(*('-I' + i for i in p()))") \
 //     -L$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")/lib -lc10 \
