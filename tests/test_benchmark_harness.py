@@ -219,3 +219,26 @@ def test_a_bench_of_two_ops_is_judged_on_both(tmp_path, monkeypatch, capsys):
     assert H._rerender([str(tmp_path / "toy_cpu.json")]) == 1
     H.main(bench(0.5), argv)
     assert H._rerender([str(tmp_path / "toy_cpu.json")]) == 0
+
+
+@pytest.mark.parametrize("bench", ["bench_swiglu", "bench_gelu_and_mul", "bench_rms_norm"])
+def test_a_bench_produces_every_case_its_bars_name(bench, tmp_path, monkeypatch):
+    """Run on tiny CPU shapes with a fake timer (torchops 2x every other implementation): the run checks its
+    results against eager for real, and its CPU bars are met; every case a bar names, on either device, is
+    a case the bench measures (a renamed case would otherwise show up only as NO DATA on the GPU)."""
+    import importlib
+
+    pytest.importorskip("torchops")
+    module = importlib.import_module(f"benchmarks.{bench}")
+    monkeypatch.setattr(H, "copy_bandwidth", lambda device, nbytes, quick=False: 1e10)
+    monkeypatch.setattr(H, "time_all_ms", lambda fns, device, quick=False:
+                        {name: 0.5 if name == "torchops" else 1.0 for name in fns})
+    argv = ["--device", "cpu", "--out-dir", str(tmp_path), "--threads", str(torch.get_num_threads()),
+            "--shapes", "8x64", "--no-compile"]
+    assert H.main(module.BENCH, argv) == 0
+    _, results = H.load(tmp_path / f"{module.BENCH.op}_cpu.json")
+    for op in (module.BENCH.op, *module.BENCH.more_ops):
+        measured = {r.case for r in results if r.op == op}
+        for bar in BARS:
+            if bar.op == op:
+                assert set(bar.cases) <= measured, (bar, measured)
