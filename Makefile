@@ -36,7 +36,7 @@ $(EXTENSION): $(VENV)/.requirements-installed setup.py pyproject.toml scripts/ge
 build: venv $(EXTENSION)
 
 test: build
-	$(PY) -m pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: build
 	$(PY) -m torchops.demo

@@ -3,22 +3,24 @@
 # build from source with all cores, run the whole test suite (CUDA included), run the benchmarks, and
 # print a short summary last. Logs and JSON go under $OUT (or ./gpu_check_out).
 #
-#   scripts/gpu_check.sh [--sanitize] [--no-bench] [--quick-bench] [--cpp-example] [--tests "PYTEST ARGS"] [--bench "ARGS"]
+#   scripts/gpu_check.sh [--sanitize] [--no-bench] [--quick-bench] [--cpp-example] [--no-build] [--tests "PYTEST ARGS"] [--bench "ARGS"]
 #
 #   --sanitize     also run the CUDA kernel tests under compute-sanitizer memcheck and racecheck
 #   --no-bench     skip benchmarks;  --quick-bench: benchmarks with --quick
 #   --cpp-example  also build and run examples/cpp on its own first (tests/test_cpp.py runs it too, on CPU and CUDA)
+#   --no-build     reuse the in-place build of an earlier call on the same machine (a suite split over calls)
 #   --tests ARGS   pytest selection/args instead of the whole suite (e.g. "-k cuda")
 #   --bench ARGS   extra args for benchmarks/run_all.py (e.g. "--only vector_add")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-SANITIZE=0; CPP_EXAMPLE=0; BENCH=1; BENCH_ARGS=""; TEST_ARGS="tests"
+SANITIZE=0; CPP_EXAMPLE=0; BUILD=1; BENCH=1; BENCH_ARGS=""; TEST_ARGS="tests"
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) SANITIZE=1 ;;
     --cpp-example) CPP_EXAMPLE=1 ;;
     --no-bench) BENCH=0 ;;
+    --no-build) BUILD=0 ;;
     --quick-bench) BENCH_ARGS="$BENCH_ARGS --quick" ;;
     --bench) BENCH_ARGS="$BENCH_ARGS $2"; shift ;;
     --tests) TEST_ARGS="$2"; shift ;;
@@ -64,9 +66,13 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 cat "$OUT/compilers.txt" >>"$OUT/gpu.txt"
 
 # ---- build: in place, against this machine's torch, failing if CUDA can't be built.
-rm -rf build torchops/_C*.so torchops/lib  # a clean build: a kept build dir would skip relinking with another compiler
 t0=$(date +%s)
-if MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} TORCHOPS_FORCE_CUDA=1 \
+if [ $BUILD -eq 0 ] && compgen -G "torchops/_C*.so" >/dev/null; then
+  # the generated C++ header is git-ignored, and a sync of the tree between calls may remove it
+  $PY -c "import sys; sys.path.insert(0, 'scripts'); import gen_ops_header; gen_ops_header.write_header()"
+  note "build: reused ($($PY -c 'import torchops; print(torchops.build_info())' 2>&1 | tail -1))"
+elif rm -rf build torchops/_C*.so torchops/lib  # a clean build: a kept build dir would skip relinking with another compiler
+  MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} TORCHOPS_FORCE_CUDA=1 \
     $PY setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
   note "build: ok ($(( $(date +%s) - t0 )) s) $($PY -c 'import torchops; print(torchops.build_info())' 2>&1 | tail -1)"
 else
@@ -114,7 +120,7 @@ fi
 # CPU-bound in Inductor; the machine has 16 cores), else serial.
 t0=$(date +%s)
 XDIST=""
-$PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
+$PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8} --dist loadgroup"  # loadgroup: the > 2^31-element tests share one worker
 # --durations: the slowest tests at the end of the log, to keep the whole suite within one device call.
 eval "$PY -m pytest $TEST_ARGS $XDIST -q -rfEs --durations=25 --junitxml=\"$OUT/junit.xml\"" >"$OUT/tests.log" 2>&1
 rc=$?

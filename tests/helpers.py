@@ -22,6 +22,16 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
+
+def needs_gpu_memory(gib: int) -> pytest.MarkDecorator:
+    """For tests past 2^31 elements: skipped unless the GPU has `gib` GiB free, and all of them sent to one
+    pytest-xdist worker (``--dist loadgroup``, as the Makefile and gpu_check run the suite), one at a time:
+    two or three at once on separate workers ran the GPU out of memory."""
+    free = torch.cuda.mem_get_info()[0] if HAS_CUDA else 0
+    skip = pytest.mark.skipif(free <= gib << 30, reason=f"needs ~{gib} GB of free GPU memory")
+    group = pytest.mark.xdist_group("gpu_memory")
+    return lambda fn: group(skip(fn))
+
 # The supported dtypes: the lists the fake kernels check against (test_dtype_lists.py: the C++ kernels' too).
 FLOAT_DTYPES = _checks.FLOAT_DTYPES
 INT_DTYPES = _checks.INT_DTYPES

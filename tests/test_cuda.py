@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchops
-from helpers import HAS_CUDA, assert_close_to_reference, poison_, random_tensor, requires_cuda
+from helpers import HAS_CUDA, assert_close_to_reference, needs_gpu_memory, poison_, random_tensor, requires_cuda
 from op_db import OpInfo, ops, upcast
 
 pytestmark = requires_cuda
@@ -114,14 +114,9 @@ def _row_sized(info: OpInfo) -> int | None:
     return widths.pop() if len(widths) == 1 and not others else None
 
 
-def _has_free_memory(nbytes: int) -> bool:
-    free, _ = torch.cuda.mem_get_info()
-    return free > nbytes
-
-
 # The csr ops are not among these: their sized inputs build the sparsity structure in Python lists, which
 # cannot reach 2^31 nonzeros in a test's time.
-@pytest.mark.skipif(not HAS_CUDA or not _has_free_memory(48 << 30), reason="needs ~48 GB of GPU memory")
+@needs_gpu_memory(48)
 @pytest.mark.parametrize("info", ops(lambda info: torch.float16 in info.dtypes and _row_sized(info) is not None))
 def test_more_than_2_pow_31_elements(info: OpInfo) -> None:
     width = _row_sized(info)
@@ -180,7 +175,7 @@ def test_tiled_transpose_path_edges(shape) -> None:
         assert torch.equal(torchops.vector_add(a, b), torch.add(a, b))
 
 
-@pytest.mark.skipif(not HAS_CUDA or not _has_free_memory(40 << 30), reason="needs ~40 GB of GPU memory")
+@needs_gpu_memory(40)
 def test_vector_add_strided_and_tiled_paths_past_2_pow_31_elements() -> None:
     # Strided 64-bit path: a row broadcast (strides (0, 1)) can't merge with its neighbour dimension.
     rows = 1 << 16

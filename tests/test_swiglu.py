@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import torchops
-from helpers import (FLOAT_DTYPES, called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, chunk_halves, random_tensor,
-                     requires_cuda, ulp)
+from helpers import (FLOAT_DTYPES, called_ops, DEVICES, HAS_CUDA, assert_close_to_reference, chunk_halves,
+                     needs_gpu_memory, random_tensor, requires_cuda, ulp)
 
 ALL_DTYPES = FLOAT_DTYPES
 
@@ -392,11 +392,7 @@ def test_cuda_second_gpu() -> None:
     assert_close_to_reference(out.cpu(), reference(gate, up))
 
 
-def _has_free_memory(nbytes: int) -> bool:
-    return HAS_CUDA and torch.cuda.mem_get_info()[0] > nbytes
-
-
-@pytest.mark.skipif(not _has_free_memory(40 << 30), reason="needs ~40 GB of GPU memory")
+@needs_gpu_memory(40)
 def test_cuda_more_than_2_pow_31_elements() -> None:
     # Chunk halves with odd H past 2^31 elements: the scalar rows path with 64-bit indices; then even H
     # (16-byte vectors, 2^31+ elements), then a transposed gate (strided path, 64-bit offsets).
