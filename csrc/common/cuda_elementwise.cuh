@@ -228,71 +228,94 @@ struct TileStrides {
   int64_t col[kIn];
 };
 
-// f(std::integral_constant<int, q>{}) for q = 0 .. kN-1, as straight-line code rather than a loop (the
-// tiled kernel below compiles differently from a loop over its inputs: see there).
-template <typename F, int... q>
-__device__ __forceinline__ void each_index_of(F& f, std::integer_sequence<int, q...>) {
-  (f(std::integral_constant<int, q>{}), ...);
-}
-template <int kN, typename F>
-__device__ __forceinline__ void each_index(F&& f) {
-  each_index_of(f, std::make_integer_sequence<int, kN>{});
-}
+// The tiled kernel's residency bound: 6 blocks of 256 threads per SM (at most 42 registers a thread).
+constexpr int kTileMinBlocks = 6;
 
-// rows x cols outputs, row-major and dense. The inputs flagged in `col_major` (bit k: input k has unit
-// stride along rows) are read with consecutive threads walking their rows and staged in shared memory; the
-// others are read directly along columns, like the outputs are written.
-// Written as vector_add's own tiled kernel was (a flag per input tested in straight-line code, loops over
-// k from ty): nvcc then unswitches both phases on the flags and keeps 40 registers (bf16 Add). Loops over
-// the inputs instead ("for q < kIn") made it lay the kernel out differently: 62 registers with these k loops
-// (0.91x torch.add on the bf16 16384^2 transpose, against 1.60x), 40 with the staging loop fully unrolled
-// under __launch_bounds__(256, 6) (1.22x). benchmarks/history/tuning/tiled_variants.cu times the forms.
-template <typename T, typename Op>
-__global__ void __launch_bounds__(kWarpSize * kTileRows)
+// rows x cols outputs, row-major and dense. The inputs flagged in kStaged (bit q: input q has unit stride
+// along rows) are read with consecutive threads walking their rows and staged in shared memory; the others
+// are read directly along columns, like the outputs are written. The mask is a template argument, so each
+// instantiation stages only its column-major inputs with no runtime test. Each thread first issues all of
+// its direct reads for the tile, then computes and stores, so they are in flight together.
+// How it is written matters more than usual here: with a runtime mask tested per input (a loop over the
+// inputs, or the flags written out per input) the bf16 16384^2 transpose of vector_add ran 0.79-1.02x the
+// speed of vector_add's own pre-engine kernel; this form runs it 1.33x (f32 1.49x), measured side by side
+// by benchmarks/history/tuning/tiled_variants.cu.
+template <typename T, typename Op, unsigned kStaged>
+__global__ void __launch_bounds__(kWarpSize * kTileRows, kTileMinBlocks)
     tiled_elementwise_kernel(ElementwisePointers<T, Op::kIn, Op::kOut> p, TileStrides<Op::kIn> s, int64_t rows,
-                             int64_t cols, unsigned col_major, Op op) {
+                             int64_t cols, Op op) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
   constexpr int kPerThread = tile_per_thread<T>();
   constexpr int kTile = kWarpSize * kPerThread;
+  constexpr int kSteps = kTile / kTileRows;
   __shared__ T tiles[kIn][kTile][kTile + 1];  // +1 column: the transposed reads hit distinct banks
   const int tx = threadIdx.x, ty = threadIdx.y;
-  bool staged[kIn];
-  each_index<kIn>([&](auto q) { staged[q] = (col_major >> q) & 1u; });
   const int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
 
   for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
     for (int64_t ct = blockIdx.x; ct < col_tiles; ct += gridDim.x) {
       const int64_t r0 = rt * kTile, c0 = ct * kTile;
-      for (int k = ty; k < kTile; k += kTileRows) {
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        const int k = ty + step * kTileRows;
 #pragma unroll
         for (int j = 0; j < kPerThread; ++j) {
           const int tr = tx + kWarpSize * j;
           const int64_t r = r0 + tr, c = c0 + k;
           if (r < rows && c < cols) {
-            each_index<kIn>([&](auto q) {
-              if (staged[q]) tiles[q][tr][k] = p.in[q][r * s.row[q] + c * s.col[q]];
-            });
+#pragma unroll
+            for (int q = 0; q < kIn; ++q) {
+              if ((kStaged >> q) & 1u) tiles[q][tr][k] = p.in[q][r * s.row[q] + c * s.col[q]];
+            }
           }
         }
       }
       __syncthreads();
-      for (int k = ty; k < kTile; k += kTileRows) {
+      AlignedVector<T, 1> x[kSteps][kPerThread][kIn];
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
 #pragma unroll
         for (int j = 0; j < kPerThread; ++j) {
-          const int tc = tx + kWarpSize * j;
+          const int64_t r = r0 + ty + step * kTileRows, c = c0 + tx + kWarpSize * j;
+          if (r < rows && c < cols) {
+#pragma unroll
+            for (int q = 0; q < kIn; ++q) {
+              if (!((kStaged >> q) & 1u)) x[step][j][q].val[0] = p.in[q][r * s.row[q] + c * s.col[q]];
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+#pragma unroll
+        for (int j = 0; j < kPerThread; ++j) {
+          const int k = ty + step * kTileRows, tc = tx + kWarpSize * j;
           const int64_t r = r0 + k, c = c0 + tc;
           if (r < rows && c < cols) {
-            AlignedVector<T, 1> x[kIn], y[kOut];
-            each_index<kIn>([&](auto q) {
-              x[q].val[0] = staged[q] ? tiles[q][k][tc] : p.in[q][r * s.row[q] + c * s.col[q]];
-            });
-            apply_lanes(op, x, y);
-            each_index<kOut>([&](auto q) { p.out[q][r * cols + c] = y[q].val[0]; });
+#pragma unroll
+            for (int q = 0; q < kIn; ++q) {
+              if ((kStaged >> q) & 1u) x[step][j][q].val[0] = tiles[q][k][tc];
+            }
+            AlignedVector<T, 1> y[kOut];
+            apply_lanes(op, x[step][j], y);
+#pragma unroll
+            for (int q = 0; q < kOut; ++q) p.out[q][r * cols + c] = y[q].val[0];
           }
         }
       }
       __syncthreads();  // the tiles are refilled next iteration
     }
+  }
+}
+
+// fn(std::integral_constant<unsigned, kMask>{}) with kMask == mask, for a non-zero mask of kIn bits.
+template <int kIn, unsigned kMask = 1, typename Fn>
+void with_staged_mask(unsigned mask, Fn&& fn) {
+  if (mask == kMask) return fn(std::integral_constant<unsigned, kMask>{});
+  if constexpr (kMask + 1 < (1u << kIn)) {
+    return with_staged_mask<kIn, kMask + 1>(mask, std::forward<Fn>(fn));
+  } else {
+    TORCH_INTERNAL_ASSERT(false, "tiled kernel: no instantiation for input mask ", mask);
   }
 }
 
@@ -409,8 +432,11 @@ void launch_tiled(const ElementwisePointers<T, Op::kIn, Op::kOut>& p, const Stri
   }
   const int64_t rows = layout.sizes[0], cols = layout.sizes[1];
   const dim3 grid(blocks_to_cover(cols, kTile), std::min(blocks_to_cover(rows, kTile), kMaxGridYZ));
-  tiled_elementwise_kernel<T, Op><<<grid, dim3(kWarpSize, kTileRows), 0, stream>>>(p, s, rows, cols, col_major, op);
-  TORCHOPS_CUDA_LAUNCH_CHECK();
+  with_staged_mask<Op::kIn>(col_major, [&](auto staged) {
+    tiled_elementwise_kernel<T, Op, decltype(staged)::value>
+        <<<grid, dim3(kWarpSize, kTileRows), 0, stream>>>(p, s, rows, cols, op);
+    TORCHOPS_CUDA_LAUNCH_CHECK();
+  });
 }
 
 // operands = (outs..., ins...): outs[k] = Op(ins...) elementwise, on `stream`; the caller holds the device
