@@ -382,11 +382,12 @@ class ExportedGraph(TestCase):
 # f64 (2, 512); beyond a block's register cache and beyond shared memory for the backward's dweight
 # accumulator (f32 N = 70000 -> the column kernel).
 # Block rows keep up to 512 threads x 8 vectors in registers (16-bit N <= 32768, f32 16384, f64 8192), longer
-# ones 1024 x 4 and read the rest twice; the backward keeps 512 x 4. 16-bit rms_norm forward rows of
-# 32768 < N <= 131072 are split over a thread-block cluster of up to 8 blocks on sm_90+ (32776 and 40000: 3
-# blocks, 65536: 4, 131072: 8); 131080 is past the cluster limit (the long block again).
-_CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1024, 1025, 1032, 2048, 2056, 4096, 8192 + 3, 16384,
-            16388, 32768, 32776, 40000, 65536, 131072, 131080]
+# ones 1024 x 4 and read the rest twice; the backward keeps 512 x 4. Forward rows of whole 16-byte vectors
+# from 512 vectors up (16-bit N >= 4096, f32 2048, f64 1024) take the stream blocks, sized 4 vectors a thread
+# up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to 4096 vectors (16392), 1024 past
+# them (32776); add_rms_norm's from past its 2048 kept vectors (16-bit 16392, f32 8196).
+_CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1024, 1025, 1032, 2048, 2056, 4096, 4104, 8192 + 3,
+            8196, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
 
 
 @requires_cuda

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -133,6 +134,66 @@ __device__ __forceinline__ AlignedVector<T, kN> load_vector(const T* base, int64
 template <typename T, int kN>
 __device__ __forceinline__ void store_vector(T* base, int64_t vector_index, const AlignedVector<T, kN>& v) {
   reinterpret_cast<AlignedVector<T, kN>*>(base)[vector_index] = v;
+}
+
+// L2 eviction priorities (sm_80+; plain accesses on older devices): a policy is made once per thread
+// (l2_evict_last / l2_evict_first) and passed to each access of a 16-byte vector. A kernel that reads its
+// data twice marks the first read "keep" and the second "drop", so the lines it still needs outlive the
+// ones it is done with. kL1 = false: the load does not allocate in L1 (a line read for the last time).
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
+
+template <typename T, int kN, bool kL1 = true>
+__device__ __forceinline__ AlignedVector<T, kN> load_vector_l2(const T* base, int64_t vector_index, uint64_t policy) {
+  static_assert(sizeof(T) * kN == kVectorBytes, "a 16-byte vector");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto* p = reinterpret_cast<const AlignedVector<T, kN>*>(base) + vector_index;
+  uint4 u;
+  if constexpr (kL1) {
+    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p), "l"(policy));
+  } else {
+    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p), "l"(policy));
+  }
+  AlignedVector<T, kN> v;
+  memcpy(&v, &u, sizeof(v));
+  return v;
+#else
+  (void)policy;
+  return reinterpret_cast<const AlignedVector<T, kN>*>(base)[vector_index];
+#endif
+}
+
+template <typename T, int kN>
+__device__ __forceinline__ void store_vector_l2(T* base, int64_t vector_index, const AlignedVector<T, kN>& v,
+                                                uint64_t policy) {
+  static_assert(sizeof(T) * kN == kVectorBytes, "a 16-byte vector");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  auto* p = reinterpret_cast<AlignedVector<T, kN>*>(base) + vector_index;
+  uint4 u;
+  memcpy(&u, &v, sizeof(u));
+  asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(u.x),
+               "r"(u.y), "r"(u.z), "r"(u.w), "l"(policy)
+               : "memory");
+#else
+  (void)policy;
+  reinterpret_cast<AlignedVector<T, kN>*>(base)[vector_index] = v;
+#endif
 }
 
 // The sum of v over the warp's 32 lanes, in every lane. A butterfly: every lane adds the same values in the

@@ -4,9 +4,8 @@
 //     block per row. Block rows come in two shapes (ForwardShapes / BackwardShapes): blocks just large
 //     enough to keep the row in registers, a few units per thread (small blocks, so several rows are in
 //     flight per SM and one row's reduction overlaps another's loads), and for longer rows the largest
-//     block, the rest of the row read a second time (then mostly from L2), or, where measured faster
-//     (16-bit forward rows), a thread-block cluster of smaller blocks keeping the whole row, their sums
-//     meeting in distributed shared memory (cluster_config, launch_cluster);
+//     block, the rest of the row read a second time (then mostly from L2). The forward adds a third,
+//     "stream" blocks keeping nothing, which it uses where they measured faster (rms_norm_forward.cuh);
 //   - accesses in "chunks" of kC elements (a 16-byte vector when every row start is aligned, else one
 //     element); chunk c of a row covers elements [c * kC, c * kC + kC), and a processor's thread t owns
 //     chunks t, t + threads, ...;
@@ -39,15 +38,11 @@ constexpr int kMinRowThreads = 64;
 // kMinBlocks: the block kernels' launch-bound residency, which caps their registers (65536 / (threads x
 // blocks)). The forward takes up to 128 registers a thread for 8 units: capped at 64 (two 512-thread
 // blocks per SM), ptxas spilled 600-1400 bytes a thread for 16-bit inputs, so it stays at one.
-// kClusterThreads (0: none): rows longer than one block's kept units may be split over a cluster of up to
-// kMaxCluster CTAs of kClusterThreads x kUnits units (two CTAs per SM: kClusterMinBlocks), see cluster_config.
 struct ForwardShapes {  // one row's worth in registers
   static constexpr int kUnits = 8, kThreads = 512, kLongUnits = 4, kLongThreads = 1024, kMinBlocks = 1;
-  static constexpr int kClusterThreads = 256, kClusterMinBlocks = 2;
 };
 struct BackwardShapes {  // two rows' worth (x and dy): at 1024 threads ptxas spilled the bf16 variant
   static constexpr int kUnits = 4, kThreads = 512, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
-  static constexpr int kClusterThreads = 0, kClusterMinBlocks = 1;
 };
 constexpr int kReduceRows = 16;  // column reduction: partial rows summed in parallel per column
 
@@ -73,45 +68,6 @@ __device__ __forceinline__ void keep_packed(AlignedVector<T, kC>& v) {
 #pragma unroll
     for (int i = 0; i < static_cast<int>(sizeof(v) / 4); ++i) asm volatile("" : "+r"(words[i]));
   }
-}
-
-// Thread-block clusters (sm_90+): the calling CTA's rank and count in its cluster, a barrier over the
-// cluster's threads (release / acquire: shared-memory writes before it are visible to every peer after
-// it), and a peer CTA's copy of a __shared__ variable. The host launches cluster kernels only on sm_90+.
-__device__ __forceinline__ unsigned int cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned int v;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
-  return v;
-#else
-  return 0;
-#endif
-}
-__device__ __forceinline__ unsigned int cluster_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned int v;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(v));
-  return v;
-#else
-  return 1;
-#endif
-}
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-  __syncthreads();
-#endif
-}
-template <typename S>
-__device__ __forceinline__ const S* cluster_peer(const S* local, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint64_t remote;
-  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(remote) : "l"(reinterpret_cast<uint64_t>(local)), "r"(rank));
-  return reinterpret_cast<const S*>(remote);
-#else
-  return local;
-#endif
 }
 
 // Sum over the threads of one row processor. Block mode: every thread of the block must call it (it syncs);
@@ -221,54 +177,6 @@ void with_row_shape(const RowConfig& cfg, Fn&& fn) {
       default: return fn(std::integral_constant<int, kWarpMaxUnits * kPerUnit>{}, std::false_type{}, Warp{}, One{});
     }
   }
-}
-
-// A row split over a thread-block cluster: `cluster` CTAs of `threads` threads, CTA k taking the row's
-// chunks [k * part_chunks, (k + 1) * part_chunks). cluster == 0: no split (the row fits one block's kept
-// units, needs more than kMaxCluster CTAs, the family has no cluster shape, or the device predates sm_90).
-constexpr int kMaxCluster = 8;  // the portable cluster size limit
-struct ClusterConfig {
-  int cluster = 0;
-  int threads = 0;
-  int part_chunks = 0;
-};
-
-template <typename Shapes>
-ClusterConfig cluster_config(int64_t n_chunks, int device) {
-  if constexpr (Shapes::kClusterThreads == 0) {
-    return {};
-  } else {
-    constexpr int64_t kPerCta = int64_t{Shapes::kClusterThreads} * Shapes::kUnits;
-    if (n_chunks <= int64_t{Shapes::kThreads} * Shapes::kUnits || n_chunks > kPerCta * kMaxCluster ||
-        device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9) {
-      return {};
-    }
-    ClusterConfig cfg;
-    cfg.cluster = static_cast<int>((n_chunks + kPerCta - 1) / kPerCta);
-    cfg.part_chunks = static_cast<int>((n_chunks + cfg.cluster - 1) / cfg.cluster);
-    const int warps = ((cfg.part_chunks + Shapes::kUnits - 1) / Shapes::kUnits + kWarpSize - 1) / kWarpSize;
-    cfg.threads = std::max(kMinRowThreads, warps * kWarpSize);
-    return cfg;
-  }
-}
-
-// Launches kernel(args...) with one cluster per row (grid-stride over the rows past 2^28 clusters).
-template <typename... Params, typename... Args>
-void launch_cluster(void (*kernel)(Params...), int64_t rows, const ClusterConfig& cfg, cudaStream_t stream,
-                    Args&&... args) {
-  const int64_t clusters = std::min<int64_t>(rows, INT32_MAX / kMaxCluster);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned int>(clusters * cfg.cluster));
-  config.blockDim = dim3(static_cast<unsigned int>(cfg.threads));
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned int>(cfg.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // Every row start of a T tensor with this row stride (and base) 16-byte aligned for n-element rows.

@@ -1,6 +1,7 @@
 // rms_norm and add_rms_norm forward on CUDA, on the row engine of common/norm_cuda.cuh (row processors,
-// row sums, launch shapes). One kernel serves both ops: kAdd reads input and residual once, stores
-// h = input + residual rounded to T (residual_out) and normalises the rounded h.
+// row sums, launch shapes). Each kernel serves both ops: kAdd reads input and residual once, stores
+// h = input + residual rounded to T (residual_out) and normalises the rounded h. The kept-in-registers
+// kernel:
 //   sweep 1 - every load of the thread's kept chunks is issued before any is used (the first version
 //             loaded and summed chunk by chunk, and reached 62-78% of copy bandwidth), then the squares are
 //             summed in RowSum<T> and reduced over the row;
@@ -8,7 +9,9 @@
 //             order. The weight's loads go out in groups of kWeightGroup chunks, again before any is used.
 // A row longer than the kept chunks reads its remainder a second time (add_rms_norm: from residual_out,
 // which the same thread wrote). 16-byte vector accesses when every row start is aligned, else the same
-// kernels with element-wise (still coalesced) accesses. The backward is in rms_norm_backward.cu.
+// kernels with element-wise (still coalesced) accesses. Rows of 16-byte vectors where it measured faster
+// take the stream kernel instead, which keeps nothing and reads each row twice, the second time from L1 or
+// L2 (rms_norm_forward.cuh). The backward is in rms_norm_backward.cu.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -35,7 +38,6 @@ void forward_cuda_into(const at::Tensor& input, const at::Tensor& residual, cons
                        const at::Tensor& rstd) {
   const c10::cuda::CUDAGuard device_guard(input.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int device = input.device().index();
   const NormRows x = norm_rows(input);
   if (x.rows == 0) return;
   const NormRows res = residual.defined() ? norm_rows(residual) : NormRows{};
@@ -57,10 +59,10 @@ void forward_cuda_into(const at::Tensor& input, const at::Tensor& residual, cons
                          weight_aligned<T>(a.weight) &&
                          (!add || (rows_aligned(a.residual, a.residual_row_stride, n) && rows_aligned<T>(a.h_out, n, n)));
     if (add) {
-      launch_add_forward<T, W>(a, x.rows, n, eps, weight_offset, vectors, stream, device);
+      launch_add_forward<T, W>(a, x.rows, n, eps, weight_offset, vectors, stream);
     } else {
       with_vector_size<T, VectorWidths::kFullOrScalar>(vectors ? vector_size<T>() : 1, [&](auto v) {
-        launch_forward<T, W, decltype(v)::value, false>(a, x.rows, n, eps, weight_offset, stream, device);
+        launch_forward<T, W, decltype(v)::value, false>(a, x.rows, n, eps, weight_offset, stream);
       });
     }
   });

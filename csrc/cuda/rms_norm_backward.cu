@@ -123,6 +123,18 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 
   const int tid = P::tid(), threads = P::threads();
   const int n_chunks = n / kC;  // 32-bit column math: n < 2^31 (checked at launch), fewer registers
+  // The rest of a row longer than the kept chunks is read twice (dot product, then dx and dweight): the
+  // first read asks L2 to keep its lines, the second to drop them first (16-byte vectors only).
+  [[maybe_unused]] const uint64_t keep = kBlockPerRow ? l2_evict_last() : 0;
+  [[maybe_unused]] const uint64_t drop = kBlockPerRow ? l2_evict_first() : 0;
+  auto load_rest = [](const T* base, int c, uint64_t policy) {
+    if constexpr (sizeof(T) * kC == kVectorBytes) {
+      return load_vector_l2<T, kC>(base, c, policy);
+    } else {
+      (void)policy;
+      return load_vector<T, kC>(base, c);
+    }
+  };
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
   for (int64_t row = begin + P::in_block(); row < end; row += procs) {  // uniform over the processor
@@ -152,7 +164,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll kRestUnroll
       for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
         const WChunk w = scale_by_w ? load_vector<W, kC>(a.weight, c) : WChunk{};
-        s += chunk_dot<A>(load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), w, scale_by_w, offset);
+        s += chunk_dot<A>(load_rest(hr, c, keep), load_rest(dyr, c, keep), w, scale_by_w, offset);
       }
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {  // converted again for dx, not kept live over the reduction
@@ -174,8 +186,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll kRestUnroll
       for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
         const WChunk w = scale_by_w ? load_vector<W, kC>(a.weight, c) : WChunk{};
-        store_vector<T, kC>(dxr, c, input_grad(load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), w, scale_by_w,
-                                               offset, r, c3, dresr, c));
+        const Chunk hv = load_rest(hr, c, drop), gv = load_rest(dyr, c, drop);
+        store_vector<T, kC>(dxr, c, input_grad(hv, gv, w, scale_by_w, offset, r, c3, dresr, c));
+        if (want_dw) accumulate_dw(my_acc, n_chunks, c, hv, gv, r);  // the rest's only second read
       }
     }
     if (want_dw) {  // dweight += dy * h * rstd, element-major (see above): lanes hit consecutive banks
@@ -190,9 +203,11 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
         const int c = tid + k * threads;
         if (c < n_chunks) accumulate_dw(acc, stride, c, hc[k], gc[k], r);
       }
+      if (a.dx == nullptr) {  // else the dx loop above accumulated the rest
 #pragma unroll kRestUnroll
-      for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
-        accumulate_dw(my_acc, n_chunks, c, load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), r);
+        for (int c = tid + kSlots * threads; c < n_chunks; c += threads) {
+          accumulate_dw(my_acc, n_chunks, c, load_vector<T, kC>(hr, c), load_vector<T, kC>(dyr, c), r);
+        }
       }
     }
   }

@@ -61,23 +61,17 @@ __device__ __forceinline__ AlignedVector<T, kC> normalize(const AlignedVector<T,
 }
 
 // rstd may be null (the plain ops); otherwise rstd[row]. residual / h_out only with kAdd.
-// kCluster: a row is split over the CTAs of a thread-block cluster (block mode only), CTA k of the cluster
-// taking the contiguous part [k * part_chunks, (k + 1) * part_chunks) of the row's chunks; their sums of
-// squares meet in distributed shared memory, added in rank order (every CTA gets the same bits). A row too
-// long for one block's registers is then kept whole in a cluster's, instead of reading its rest twice.
-template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow, bool kAdd, int kMaxThreads, int kMinBlocks,
-          bool kCluster = false>
+template <typename T, typename W, int kSlots, int kC, bool kBlockPerRow, bool kAdd, int kMaxThreads, int kMinBlocks>
 __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     norm_forward_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                         int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
                         opmath_t<T> offset, T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows,
-                        int64_t n, opmath_t<T> eps, int part_chunks = 0) {
+                        int64_t n, opmath_t<T> eps) {
   using A = opmath_t<T>;
   using S = RowSum<T>;
   using P = Processor<kBlockPerRow>;
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
-  static_assert(!kCluster || kBlockPerRow, "a cluster splits block rows");
   // The loops over the rest of a row longer than the kept chunks (block rows only): unrolled in a warp
   // kernel, where they never run, their loads took registers.
   constexpr int kRestUnroll = kBlockPerRow ? 4 : 1;
@@ -85,25 +79,11 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   const int threads = P::threads();
   // exact: the vector path requires n % kC == 0. 32-bit column math (n < 2^31, checked at launch): with
   // 64-bit chunk indices ptxas spent ~2 registers per kept chunk on addresses.
-  int n_chunks = static_cast<int>(n / kC);
-  int tid = P::tid();  // this thread's first chunk of the row: chunks tid, tid + threads, ... below n_chunks
-  int64_t first_row = static_cast<int64_t>(blockIdx.x) * P::per_block() + P::in_block();
-  int64_t row_step = static_cast<int64_t>(gridDim.x) * P::per_block();
-  [[maybe_unused]] int cluster_size = 1;
-  [[maybe_unused]] unsigned int rank = 0;
-  if constexpr (kCluster) {
-    cluster_size = static_cast<int>(cluster_blocks());
-    rank = cluster_rank();
-    tid += static_cast<int>(rank) * part_chunks;
-    n_chunks = min(n_chunks, static_cast<int>(rank + 1) * part_chunks);
-    first_row = blockIdx.x / cluster_size;
-    row_step = gridDim.x / cluster_size;
-  }
-  // The cluster's partial sums, one slot per row parity: a CTA rewrites a slot two rows later, after the
-  // next row's cluster barrier, which every CTA reaches only after reading this row's partials.
-  [[maybe_unused]] __shared__ S cluster_partial[2];
-  int parity = 0;
-  for (int64_t row = first_row; row < rows; row += row_step, parity ^= 1) {  // uniform over the processor
+  const int n_chunks = static_cast<int>(n / kC);
+  const int tid = P::tid();  // this thread's first chunk of the row: chunks tid, tid + threads, ... below n_chunks
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * P::per_block() + P::in_block();
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * P::per_block();
+  for (int64_t row = first_row; row < rows; row += row_step) {  // uniform over the processor
     const T* xr = x + row * x_row_stride;
     const T* rr = kAdd ? residual + row * residual_row_stride : nullptr;
     T* hr = kAdd ? h_out + row * n : nullptr;
@@ -147,14 +127,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) keep_packed(cache[s]);
     ss = row_sum<kBlockPerRow>(ss, scratch);
-    if constexpr (kCluster) {
-      if (threadIdx.x == 0) cluster_partial[parity] = ss;
-      cluster_barrier();  // release this CTA's partial, acquire every peer's
-      ss = 0;
-      for (int k = 0; k < cluster_size; ++k) ss += *cluster_peer(&cluster_partial[parity], k);  // rank order
-    }
     const A r = inverse_rms(ss, n, eps);
-    if (rstd != nullptr && P::tid() == 0 && rank == 0) rstd[row] = r;
+    if (rstd != nullptr && P::tid() == 0) rstd[row] = r;
     if (weight != nullptr) {
 #pragma unroll
       for (int g = 0; g < kSlots; g += kWeightGroup) {
@@ -187,7 +161,119 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       }
     }
   }
-  if constexpr (kCluster) cluster_barrier();  // peers may still read this CTA's partials: stay until they are done
+}
+
+// Stream rows: a block per row keeping nothing in registers, for rows of 16-byte vectors (kC = T's vector
+// width) from stream_threads' sizes up. Sweep 1 reads the row (kInFlight vectors a thread in flight) and sums
+// its squares; sweep 2 reads it again and writes the output. Sweep 1's reads ask L2 to keep the lines and
+// allocate in L1, so sweep 2 finds the row in L1 when the rows in flight on an SM fit it (stream_threads
+// sizes the blocks for that), else in L2; sweep 2's reads and the stores ask L2 to drop their lines first.
+// kAdd: sweep 1 reads input and residual once (drop) and writes residual_out (keep); sweep 2 reads
+// residual_out back (stores do not fill L1: from L2). Blocks of any size up to kStreamMaxThreads. kWeight:
+// whether weight is given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
+// Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
+// bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
+// 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster
+// at rows longer than its kept units, slower at shorter ones (where it keeps the kept blocks).
+constexpr int kStreamMaxThreads = 1024;
+constexpr int kStreamInFlight = 4;
+
+template <typename T, typename W, int kC, bool kAdd, bool kWeight>
+__global__ void __launch_bounds__(kStreamMaxThreads)
+    norm_forward_stream_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
+                               int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
+                               opmath_t<T> offset, T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows,
+                               int64_t n, opmath_t<T> eps) {
+  using A = opmath_t<T>;
+  using S = RowSum<T>;
+  using Chunk = AlignedVector<T, kC>;
+  using WChunk = AlignedVector<W, kC>;
+  constexpr int kIn = kStreamInFlight;
+  __shared__ S scratch[kWarpSize];
+  const int n_chunks = static_cast<int>(n / kC);  // exact: n % kC == 0; 32-bit (n < 2^31, checked at launch)
+  const int threads = blockDim.x;
+  const uint64_t keep = l2_evict_last(), drop = l2_evict_first();
+  const uint64_t first_read = kAdd ? drop : keep;  // input and residual are read once with kAdd
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * x_row_stride;
+    const T* rr = kAdd ? residual + row * residual_row_stride : nullptr;
+    T* hr = kAdd ? h_out + row * n : nullptr;
+    T* yr = y + row * n;
+    auto read = [&](int c) {  // sweep 1's value of chunk c (residual_out with kAdd, which it also stores)
+      Chunk v = load_vector_l2<T, kC>(xr, c, first_read);
+      if constexpr (kAdd) {
+        v = add_rounded<A>(v, load_vector_l2<T, kC>(rr, c, drop));
+        store_vector_l2(hr, c, v, keep);
+      }
+      return v;
+    };
+    // Each sweep takes a thread's chunks c, c + threads, ... in batches of kIn, all of a batch's loads
+    // issued before any is used, then the chunks left one at a time.
+    S ss = 0;
+    int c = threadIdx.x;
+    for (; c + (kIn - 1) * threads < n_chunks; c += kIn * threads) {
+      Chunk v[kIn];
+      if constexpr (kAdd) {
+        Chunk o[kIn];
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) v[k] = load_vector_l2<T, kC>(xr, c + k * threads, drop);
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) o[k] = load_vector_l2<T, kC>(rr, c + k * threads, drop);
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) {
+          v[k] = add_rounded<A>(v[k], o[k]);
+          store_vector_l2(hr, c + k * threads, v[k], keep);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) v[k] = load_vector_l2<T, kC>(xr, c + k * threads, keep);
+      }
+#pragma unroll
+      for (int k = 0; k < kIn; ++k) ss += chunk_squares<A>(v[k]);
+    }
+    for (; c < n_chunks; c += threads) ss += chunk_squares<A>(read(c));
+    ss = row_sum<true>(ss, scratch);
+    const A r = inverse_rms(ss, n, eps);
+    if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
+    const T* again = kAdd ? hr : xr;
+    auto write = [&](int c, const Chunk& v, const WChunk& w) {
+      store_vector_l2(yr, c, kWeight ? normalize(v, w, r, offset) : normalize(v, r), drop);
+    };
+    c = threadIdx.x;
+    for (; c + (kIn - 1) * threads < n_chunks; c += kIn * threads) {
+      Chunk v[kIn];
+      WChunk w[kIn];
+#pragma unroll
+      for (int k = 0; k < kIn; ++k) {
+        v[k] = load_vector_l2<T, kC, false>(again, c + k * threads, drop);
+        if constexpr (kWeight) w[k] = load_vector<W, kC>(weight, c + k * threads);
+      }
+#pragma unroll
+      for (int k = 0; k < kIn; ++k) write(c + k * threads, v[k], w[k]);
+    }
+    for (; c < n_chunks; c += threads) {
+      write(c, load_vector_l2<T, kC, false>(again, c, drop), kWeight ? load_vector<W, kC>(weight, c) : WChunk{});
+    }
+  }
+}
+
+// The stream block for rows of `chunks` 16-byte vectors, or 0 where the kept-in-registers blocks were
+// measured faster (short rows; add_rms_norm's rows up to its kept units). Plain rows are read again from
+// L1 only if the rows in flight on an SM fit it (~200 KiB): 4 vectors a thread (one sweep-1 batch) from 128
+// to 512 threads, rows of up to 32 KiB, at most 128 KiB in flight; then, up to 4096 vectors (64 KiB rows),
+// 672 threads, which the SM's 2048 threads cap at 3 blocks (512-thread blocks with 40 registers, three a
+// SM, ran bf16 4096x32768 in 134 us; with 32 registers four fit, the rows fell out of L1 and it took 143);
+// longer rows 1024 threads, one or two rows a SM (at 512 threads they ran 13-27% slower).
+// add_rms_norm reads residual_out back from L2 whatever the block, and ran fastest at 1024.
+template <bool kAdd>
+int stream_threads(int64_t chunks, int64_t kept_chunks) {
+  if constexpr (kAdd) {
+    return chunks > kept_chunks ? kStreamMaxThreads : 0;
+  } else {
+    if (chunks < 4 * 128) return 0;
+    if (chunks <= 4 * 512) return static_cast<int>((chunks / 4 + kWarpSize - 1) / kWarpSize * kWarpSize);
+    return chunks <= 4096 ? 672 : kStreamMaxThreads;
+  }
 }
 
 // The pointers of one forward launch.
@@ -207,27 +293,27 @@ struct ForwardArgs {
 // ~400 bytes a thread, and its forward ran at ~60% of copy bandwidth.
 struct AddForwardShapes {
   static constexpr int kUnits = 4, kThreads = 512, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
-  static constexpr int kClusterThreads = 0, kClusterMinBlocks = 1;  // no clusters (measured: no gain)
 };
 
 template <typename T, typename W, int kC, bool kAdd>
 void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
-                    cudaStream_t stream, int device) {
+                    cudaStream_t stream) {
   using Shapes = std::conditional_t<kAdd, AddForwardShapes, ForwardShapes>;
   using A = opmath_t<T>;
-  // The kernel's column loops step a 32-bit index by up to a block's threads: it must not wrap.
-  TORCH_CHECK(n <= INT32_MAX - Shapes::kLongThreads * kC,
-              "rms_norm: rows of 2^31 - 2^13 elements or more are not supported on CUDA, got ", n);
-  // 16-bit rows longer than a block's registers: split over a cluster. Measured on the H200 (bf16
-  // 2048x65536): 197 us against 231 us for the long block reading half the row twice. For f32 rows the
-  // long block won (4096x32768: 319 us against 394 us with a cluster of 4), as it did for add_rms_norm.
-  if constexpr (kC > 1 && !kAdd && is_16bit_float<T>) {
-    const ClusterConfig cl = cluster_config<Shapes>(n / kC, device);
-    if (cl.cluster > 0) {
-      constexpr auto kernel = norm_forward_kernel<T, W, Shapes::kUnits, kC, true, false, Shapes::kClusterThreads,
-                                                  Shapes::kClusterMinBlocks, true>;
-      launch_cluster(kernel, rows, cl, stream, a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out,
-                     a.weight, static_cast<A>(offset), a.y, a.rstd, rows, n, static_cast<A>(eps), cl.part_chunks);
+  // The kernels' column loops step a 32-bit index by up to kStreamInFlight blocks of threads: it must not wrap.
+  constexpr int64_t kMaxStep = int64_t{1} << 16;
+  static_assert(int64_t{kStreamMaxThreads} * kStreamInFlight * kC <= kMaxStep, "a step of the column loops");
+  TORCH_CHECK(n < (int64_t{1} << 31) - kMaxStep,
+              "rms_norm: rows of 2^31 - 2^16 elements or more are not supported on CUDA, got ", n);
+  if constexpr (kC > 1) {
+    const int threads = stream_threads<kAdd>(n / kC, int64_t{Shapes::kThreads} * Shapes::kUnits);
+    if (threads > 0) {
+      const auto kernel = a.weight != nullptr ? norm_forward_stream_kernel<T, W, kC, kAdd, true>
+                                              : norm_forward_stream_kernel<T, W, kC, kAdd, false>;
+      kernel<<<blocks_to_cover(rows, 1), threads, 0, stream>>>(a.x, a.x_row_stride, a.residual, a.residual_row_stride,
+                                                               a.h_out, a.weight, static_cast<A>(offset), a.y, a.rstd,
+                                                               rows, n, static_cast<A>(eps));
+      TORCHOPS_CUDA_LAUNCH_CHECK();
       return;
     }
   }
@@ -245,7 +331,7 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
 // add_rms_norm's launch (add_rms_norm.cu), for the dtype pairs of dispatch_norm_types.
 template <typename T, typename W>
 void launch_add_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset, bool vectors,
-                        cudaStream_t stream, int device);
+                        cudaStream_t stream);
 
 }  // namespace rms_norm_kernels
 }  // namespace torchops
