@@ -258,12 +258,14 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
 }
 
 // The stream block for rows of `chunks` 16-byte vectors, or 0 where the kept-in-registers blocks were
-// measured faster (short rows; add_rms_norm's rows up to its kept units). Plain rows are read again from
-// L1 only if the rows in flight on an SM fit it (~200 KiB): 4 vectors a thread (one sweep-1 batch) from 128
-// to 512 threads, rows of up to 32 KiB, at most 128 KiB in flight; then, up to 4096 vectors (64 KiB rows),
-// 672 threads, which the SM's 2048 threads cap at 3 blocks (512-thread blocks with 40 registers, three a
-// SM, ran bf16 4096x32768 in 134 us; with 32 registers four fit, the rows fell out of L1 and it took 143);
-// longer rows 1024 threads, one or two rows a SM (at 512 threads they ran 13-27% slower).
+// measured faster (short rows; add_rms_norm's rows up to its kept units). Plain rows: 4 vectors a thread
+// (one sweep-1 batch) from 128 to 512 threads, 512 up to 4096 vectors, then 1024. Sweep 2 reads a row
+// again from L1 only while the rows in flight on an SM fit it: at 1024 threads one or two long rows do; at
+// 512 threads those rows fell out of L1 and ran 13-27% slower. 512 threads for 2048-4096 vectors is the
+// measured compromise: bf16 rows there (64 KiB, 32 registers, four blocks an SM) overflow L1 and trail the
+// measured 3-blocks-an-SM time (143 against 134 us at 4096x32768); 672-thread blocks, which the SM's
+// thread limit caps at three, ran bf16 no faster and f32 8192x16384 at 389 us against 255 (a thread's 6-7
+// vectors need more dependent rounds than 2 full batches).
 // add_rms_norm reads residual_out back from L2 whatever the block, and ran fastest at 1024.
 template <bool kAdd>
 int stream_threads(int64_t chunks, int64_t kept_chunks) {
@@ -272,7 +274,7 @@ int stream_threads(int64_t chunks, int64_t kept_chunks) {
   } else {
     if (chunks < 4 * 128) return 0;
     if (chunks <= 4 * 512) return static_cast<int>((chunks / 4 + kWarpSize - 1) / kWarpSize * kWarpSize);
-    return chunks <= 4096 ? 672 : kStreamMaxThreads;
+    return chunks <= 4096 ? 512 : kStreamMaxThreads;
   }
 }
 
