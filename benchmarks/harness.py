@@ -412,23 +412,31 @@ def _plot(results: Sequence[Result], path: Path, *, ratios_only: bool, title: st
         # In ratio plots the baseline is the flat line at 1 drawn below, not a curve of its own.
         if getattr(r, metric) is not None and not (ratios_only and r.impl == r.baseline):
             panels.setdefault((r.op, r.case), []).append(r)
-    panels = {k: v for k, v in panels.items() if len({r.numel for r in v}) >= 2}  # a single point is no curve
+    panels = {k: v for k, v in panels.items() if len({r.shape for r in v}) >= 2}  # a single point is no curve
     if not panels:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, ((op, case), rows) in zip(axes[0], panels.items()):
+        # Shapes of equal size (an M x N grid at one element count) would stack on a size axis: then the x
+        # axis is the shapes themselves, in order of size and of first measurement.
+        by_shape = len({r.shape for r in rows}) > len({r.numel for r in rows})
+        order = {shape: i for i, shape in enumerate(dict.fromkeys(r.shape for r in sorted(rows, key=lambda r: r.numel)))}
         lines: dict[str, list[Result]] = {}
         for r in rows:
             lines.setdefault(f"{r.impl} {r.dtype}", []).append(r)
         for label, pts in sorted(lines.items()):
-            pts.sort(key=lambda r: r.numel)
-            ax.plot([r.numel for r in pts], [getattr(r, metric) for r in pts], marker="o", label=label)
+            pts.sort(key=lambda r: order[r.shape] if by_shape else r.numel)
+            xs = [order[r.shape] for r in pts] if by_shape else [r.numel for r in pts]
+            ax.plot(xs, [getattr(r, metric) for r in pts], marker="o", label=label)
         ref = (1.0, f"{rows[0].baseline} (baseline)") if ratios_only else (copy_tbps, "device copy")
         if ref[0] is not None:
             ax.axhline(ref[0], color="black", linestyle="--", linewidth=1, label=ref[1])
-        ax.set_xscale("log", base=2)
+        if by_shape:
+            ax.set_xticks(range(len(order)), list(order), rotation=45, ha="right", fontsize=7)
+        else:
+            ax.set_xscale("log", base=2)
         ax.set_title(f"{op} {case}")
-        ax.set_xlabel("elements")
+        ax.set_xlabel("shape" if by_shape else "elements")
         ax.set_ylabel("speedup vs baseline" if ratios_only else "TB/s")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -243,3 +243,23 @@ def test_a_bench_produces_every_case_its_bars_name(bench, tmp_path, monkeypatch)
         for bar in BARS:
             if bar.op == op:
                 assert set(bar.cases) <= measured, (bar, measured)
+
+
+def test_a_grid_of_equal_sized_shapes_is_plotted_by_shape(tmp_path):
+    # rms_norm's grid has several M x N shapes of one element count: on a size axis they would stack on one
+    # x, and a grid of only such shapes was dropped as "a single point" before.
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    results = [H.bandwidth_result(op="norm", case="fwd", dtype=torch.float32, shape=f"{m}x{(1 << 20) // m}",
+                                  numel=1 << 20, impl=impl, device="cuda", ms=ms, nbytes=8 << 20, copy_bps=4e12)
+               for m in (64, 256, 1024) for impl, ms in (("torchops", 0.002), ("peer", 0.003))]
+    axes_seen = []
+    real_close = plt.close
+    plt.close = lambda fig=None: (axes_seen.extend(fig.axes), real_close(fig))  # keep the axes for a look
+    try:
+        assert H._plot(results, tmp_path / "grid.png", ratios_only=False, title="t", copy_tbps=4.0)
+    finally:
+        plt.close = real_close
+    assert (tmp_path / "grid.png").stat().st_size > 0
+    assert [t.get_text() for t in axes_seen[0].get_xticklabels()] == ["64x16384", "256x4096", "1024x1024"]
