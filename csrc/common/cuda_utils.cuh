@@ -137,20 +137,21 @@ __device__ __forceinline__ void store_vector(T* base, int64_t vector_index, cons
 }
 
 // L2 eviction priorities (sm_80+; plain accesses on older devices): a policy is made once per thread
-// (l2_evict_last / l2_evict_first) and passed to each access of a 16-byte vector. A kernel that reads its
-// data twice marks the first read "keep" and the second "drop", so the lines it still needs outlive the
-// ones it is done with. kL1 = false: the load does not allocate in L1 (a line read for the last time).
-__device__ __forceinline__ uint64_t l2_evict_last() {
+// (l2_policy<L2Evict::kLast> / <L2Evict::kFirst>) and passed to each access of a 16-byte vector. A kernel
+// that reads its data twice marks the first read "keep" (evict last) and the second "drop" (evict first),
+// so the lines it still needs outlive the ones it is done with. kL1 = false: the load does not allocate in
+// L1 (a line read for the last time).
+enum class L2Evict { kLast, kFirst };
+
+template <L2Evict kWhich>
+__device__ __forceinline__ uint64_t l2_policy() {
   uint64_t policy = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-#endif
-  return policy;
-}
-__device__ __forceinline__ uint64_t l2_evict_first() {
-  uint64_t policy = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  if constexpr (kWhich == L2Evict::kLast) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  }
 #endif
   return policy;
 }

@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   const int n_chunks = n / kC;  // 32-bit column math: n < 2^31 (checked at launch), fewer registers
   // The rest of a row longer than the kept chunks is read twice (dot product, then dx and dweight): the
   // first read asks L2 to keep its lines, the second to drop them first (16-byte vectors only).
-  [[maybe_unused]] const uint64_t keep = kBlockPerRow ? l2_evict_last() : 0;
-  [[maybe_unused]] const uint64_t drop = kBlockPerRow ? l2_evict_first() : 0;
+  [[maybe_unused]] const uint64_t keep = kBlockPerRow ? l2_policy<L2Evict::kLast>() : 0;
+  [[maybe_unused]] const uint64_t drop = kBlockPerRow ? l2_policy<L2Evict::kFirst>() : 0;
   auto load_rest = [](const T* base, int c, uint64_t policy) {
     if constexpr (sizeof(T) * kC == kVectorBytes) {
       return load_vector_l2<T, kC>(base, c, policy);

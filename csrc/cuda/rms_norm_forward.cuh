@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
   __shared__ S scratch[kWarpSize];
   const int n_chunks = static_cast<int>(n / kC);  // exact: n % kC == 0; 32-bit (n < 2^31, checked at launch)
   const int threads = blockDim.x;
-  const uint64_t keep = l2_evict_last(), drop = l2_evict_first();
+  const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
   const uint64_t first_read = kAdd ? drop : keep;  // input and residual are read once with kAdd
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * x_row_stride;

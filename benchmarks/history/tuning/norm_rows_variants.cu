@@ -38,35 +38,19 @@ using torchops::cuda::AlignedVector;
 using torchops::cuda::kWarpSize;
 using torchops::cuda::vector_size;
 
-// ---- L2 eviction-priority accesses of one 16-byte vector (sm_80+)
-__device__ __forceinline__ uint64_t policy_keep() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t policy_drop() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
+// ---- L2 eviction-priority accesses of one 16-byte vector: the engine's (cuda_utils.cuh) on uint4
+using torchops::cuda::L2Evict;
+__device__ __forceinline__ uint64_t policy_keep() { return torchops::cuda::l2_policy<L2Evict::kLast>(); }
+__device__ __forceinline__ uint64_t policy_drop() { return torchops::cuda::l2_policy<L2Evict::kFirst>(); }
+template <bool kL1 = true>
 __device__ __forceinline__ uint4 load_hint(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
+  const auto v = torchops::cuda::load_vector_l2<uint32_t, 4, kL1>(reinterpret_cast<const uint32_t*>(p), 0, policy);
+  return make_uint4(v.val[0], v.val[1], v.val[2], v.val[3]);
 }
-__device__ __forceinline__ uint4 load_hint_no_l1(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
-}
+__device__ __forceinline__ uint4 load_hint_no_l1(const uint4* p, uint64_t policy) { return load_hint<false>(p, policy); }
 __device__ __forceinline__ void store_hint(uint4* p, uint4 v, uint64_t policy) {
-  asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x),
-               "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
-               : "memory");
+  const torchops::cuda::AlignedVector<uint32_t, 4> w{{v.x, v.y, v.z, v.w}};
+  torchops::cuda::store_vector_l2(reinterpret_cast<uint32_t*>(p), 0, w, policy);
 }
 
 template <typename T>
@@ -251,34 +235,6 @@ void fill(T* p, int64_t count, uint32_t seed) {
   CHECK(cudaGetLastError());
 }
 
-static void* g_flush = nullptr;
-constexpr size_t kFlushBytes = size_t{256} << 20;
-
-template <typename Launch>
-float time_flushed_ms(Launch launch) {
-  if (g_flush == nullptr) CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  cudaEvent_t start, end;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&end));
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> times;
-  for (int i = 0; i < 30; ++i) {
-    CHECK(cudaMemsetAsync(g_flush, i, kFlushBytes));
-    CHECK(cudaEventRecord(start));
-    launch();
-    CHECK(cudaEventRecord(end));
-    CHECK(cudaEventSynchronize(end));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, end));
-    times.push_back(ms);
-  }
-  CHECK(cudaGetLastError());
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(end));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 // The largest |a - b| over the largest |b| (on the device: the tensors are up to 512 MiB), and how many
 // elements differ. Non-negative floats order like their bits, so atomicMax on the bits takes the largest.
 template <typename T>
@@ -350,7 +306,7 @@ struct Case {
     }
     int resident = 0;
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, pad));
-    const float ms = time_flushed_ms([&] { kernel<<<rows, kThreads, pad>>>(x, res, w, h, y, rows, n, 1e-6f); });
+    const float ms = time_ms_flushed([&] { kernel<<<rows, kThreads, pad>>>(x, res, w, h, y, rows, n, 1e-6f); });
     char name[96];
     snprintf(name, sizeof(name), "stream t%d%s %d/SM", kThreads, kHint ? " hint" : "", resident);
     report(name, ms);
@@ -360,7 +316,7 @@ struct Case {
   void group() {
     if (n / vector_size<T>() > kLanes * kUnits) return;
     const int per_block = 128 / kLanes;
-    const float ms = time_flushed_ms([&] {
+    const float ms = time_ms_flushed([&] {
       group_kernel<T, kLanes, kUnits, kWPre, kMinBlocks><<<(rows + per_block - 1) / per_block, 128>>>(x, w, y, rows, n, 1e-6f);
     });
     char name[96];
@@ -387,7 +343,7 @@ void run_shape(int rows, int n, bool add, double copy_bps) {
   fill(c.x, count, 1);
   fill(c.w, n, 2);
   // The same bytes as copies (one tensor's worth; two for add): the ceiling for this shape.
-  const float copy_ms = time_flushed_ms([&] {
+  const float copy_ms = time_ms_flushed([&] {
     CHECK(cudaMemcpyAsync(c.y, c.x, count * sizeof(T), cudaMemcpyDeviceToDevice));
     if (add) CHECK(cudaMemcpyAsync(c.h, c.res, count * sizeof(T), cudaMemcpyDeviceToDevice));
   });
@@ -399,7 +355,7 @@ void run_shape(int rows, int n, bool add, double copy_bps) {
   };
   shipped();
   CHECK(cudaDeviceSynchronize());
-  const float ms = time_flushed_ms(shipped);
+  const float ms = time_ms_flushed(shipped);
   printf("%-8s %6dx%-6d %-32s %9.1f us %6.1f%% of copy  (same-bytes copy %.1f us = %.1f%% of copy)\n", c.label(),
          rows, n, "shipped", ms * 1e3, 100.0 * c.bytes() / (ms * 1e-3) / copy_bps, copy_ms * 1e3,
          100.0 * c.bytes() / (copy_ms * 1e-3) / copy_bps);
