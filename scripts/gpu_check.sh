@@ -71,15 +71,17 @@ if [ $BUILD -eq 0 ] && compgen -G "torchops/_C*.so" >/dev/null; then
   # the generated C++ header is git-ignored, and a sync of the tree between calls may remove it
   $PY -c "import sys; sys.path.insert(0, 'scripts'); import gen_ops_header; gen_ops_header.write_header()"
   note "build: reused ($($PY -c 'import torchops; print(torchops.build_info())' 2>&1 | tail -1))"
-elif rm -rf build torchops/_C*.so torchops/lib  # a clean build: a kept build dir would skip relinking with another compiler
-  MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} TORCHOPS_FORCE_CUDA=1 \
-    $PY setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
-  note "build: ok ($(( $(date +%s) - t0 )) s) $($PY -c 'import torchops; print(torchops.build_info())' 2>&1 | tail -1)"
 else
-  tail -40 "$OUT/build.log"
-  note "build: FAILED (see build.log)"
-  printf '%s\n' "${summary[@]}"
-  exit 1
+  rm -rf build torchops/_C*.so torchops/lib  # a clean build: a kept build dir would skip relinking with another compiler
+  if MAX_JOBS=${MAX_JOBS:-$(nproc)} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} TORCHOPS_FORCE_CUDA=1 \
+      $PY setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
+    note "build: ok ($(( $(date +%s) - t0 )) s) $($PY -c 'import torchops; print(torchops.build_info())' 2>&1 | tail -1)"
+  else
+    tail -40 "$OUT/build.log"
+    note "build: FAILED (see build.log)"
+    printf '%s\n' "${summary[@]}"
+    exit 1
+  fi
 fi
 # Evidence for the libstdc++ question above: libstdc++ internals defined inside the library holding the
 # kernels or the Python module (there should be none).
