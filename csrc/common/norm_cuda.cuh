@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <type_traits>
-#include <utility>
 
 #include "cuda_utils.cuh"
 #include "dispatch.h"

@@ -257,27 +257,6 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
   }
 }
 
-// The stream block for rows of `chunks` 16-byte vectors, or 0 where the kept-in-registers blocks were
-// measured faster (short rows; add_rms_norm's rows up to its kept units). Plain rows: 4 vectors a thread
-// (one sweep-1 batch) from 128 to 512 threads, 512 up to 4096 vectors, then 1024. Sweep 2 reads a row
-// again from L1 only while the rows in flight on an SM fit it: at 1024 threads one or two long rows do; at
-// 512 threads those rows fell out of L1 and ran 13-27% slower. 512 threads for 2048-4096 vectors is the
-// measured compromise: bf16 rows there (64 KiB, 32 registers, four blocks an SM) overflow L1 and trail the
-// measured 3-blocks-an-SM time (143 against 134 us at 4096x32768); 672-thread blocks, which the SM's
-// thread limit caps at three, ran bf16 no faster and f32 8192x16384 at 389 us against 255 (a thread's 6-7
-// vectors need more dependent rounds than 2 full batches).
-// add_rms_norm reads residual_out back from L2 whatever the block, and ran fastest at 1024.
-template <bool kAdd>
-int stream_threads(int64_t chunks, int64_t kept_chunks) {
-  if constexpr (kAdd) {
-    return chunks > kept_chunks ? kStreamMaxThreads : 0;
-  } else {
-    if (chunks < 4 * 128) return 0;
-    if (chunks <= 4 * 512) return static_cast<int>((chunks / 4 + kWarpSize - 1) / kWarpSize * kWarpSize);
-    return chunks <= 4096 ? 512 : kStreamMaxThreads;
-  }
-}
-
 // The pointers of one forward launch.
 template <typename T, typename W>
 struct ForwardArgs {
@@ -297,6 +276,27 @@ struct AddForwardShapes {
   static constexpr int kUnits = 4, kThreads = 512, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
 };
 
+// The stream block for rows of `chunks` 16-byte vectors, or 0 where the kept-in-registers blocks were
+// measured faster (short rows; add_rms_norm's rows up to its kept units). Plain rows: 4 vectors a thread
+// (one sweep-1 batch) from 128 to 512 threads, 512 up to 4096 vectors, then 1024. Sweep 2 reads a row
+// again from L1 only while the rows in flight on an SM fit it: at 1024 threads one or two long rows do; at
+// 512 threads those rows fell out of L1 and ran 13-27% slower. 512 threads for 2048-4096 vectors is the
+// measured compromise: bf16 rows there (64 KiB, 32 registers, four blocks an SM) overflow L1 and trail the
+// measured 3-blocks-an-SM time (143 against 134 us at 4096x32768); 672-thread blocks, which the SM's
+// thread limit caps at three, ran bf16 no faster and f32 8192x16384 at 389 us against 255 (a thread's 6-7
+// vectors need more dependent rounds than 2 full batches).
+// add_rms_norm reads residual_out back from L2 whatever the block, and ran fastest at 1024.
+template <bool kAdd>
+int stream_threads(int64_t chunks) {
+  if constexpr (kAdd) {
+    return chunks > int64_t{AddForwardShapes::kThreads} * AddForwardShapes::kUnits ? kStreamMaxThreads : 0;
+  } else {
+    if (chunks < 4 * 128) return 0;
+    if (chunks <= 4 * 512) return static_cast<int>((chunks / 4 + kWarpSize - 1) / kWarpSize * kWarpSize);
+    return chunks <= 4096 ? 512 : kStreamMaxThreads;
+  }
+}
+
 template <typename T, typename W, int kC, bool kAdd>
 void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
                     cudaStream_t stream) {
@@ -308,7 +308,7 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
   TORCH_CHECK(n < (int64_t{1} << 31) - kMaxStep,
               "rms_norm: rows of 2^31 - 2^16 elements or more are not supported on CUDA, got ", n);
   if constexpr (kC > 1) {
-    const int threads = stream_threads<kAdd>(n / kC, int64_t{Shapes::kThreads} * Shapes::kUnits);
+    const int threads = stream_threads<kAdd>(n / kC);
     if (threads > 0) {
       const auto kernel = a.weight != nullptr ? norm_forward_stream_kernel<T, W, kC, kAdd, true>
                                               : norm_forward_stream_kernel<T, W, kC, kAdd, false>;
