@@ -303,9 +303,11 @@ struct GatedBackward {
 struct Add {
   static constexpr int kIn = 2;
   static constexpr int kOut = 1;
-  // CUDA: two 16-byte vectors of each operand in flight per thread (measured best for a pure stream on the
-  // H200, ~104% of copy; benchmarks/tuning/vector_add_variants.cu).
+  // CUDA: two 16-byte vectors of each operand in flight per thread (measured best for a pure stream,
+  // ~104% of copy; benchmarks/history/tuning/vector_add_variants.cu), and the tiled kernel at 6 blocks an
+  // SM (1.33x / 1.49x bf16 / f32 the speed at 1 block; benchmarks/history/tuning/tiled_variants.cu).
   static constexpr int kVectorsPerThread = 2;
+  static constexpr int kTileBlocksPerSM = 6;
 
   template <typename A>
   C10_HOST_DEVICE void operator()(const A (&x)[kIn], A (&y)[kOut]) const {

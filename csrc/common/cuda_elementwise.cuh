@@ -44,16 +44,14 @@ constexpr int kElementwiseThreads = 128;
 // warps were resident, and ran at 0.96-0.97x Inductor's kernels at 16384 x 14336; with one vector, 32 and
 // 36 registers and 1.00x (f32 unchanged at 0.99-1.00x; same run, do_bench medians). A pure stream (add)
 // measured best with two.
-template <typename Op, typename = void>
-struct VectorsPerThreadOf {
-  static constexpr int value = 1;
-};
 template <typename Op>
-struct VectorsPerThreadOf<Op, std::void_t<decltype(Op::kVectorsPerThread)>> {
-  static constexpr int value = Op::kVectorsPerThread;
-};
-template <typename Op>
-constexpr int kVectorsPerThread = VectorsPerThreadOf<Op>::value;
+constexpr int kVectorsPerThread = [] {
+  if constexpr (requires { Op::kVectorsPerThread; }) {
+    return Op::kVectorsPerThread;
+  } else {
+    return 1;
+  }
+}();
 
 constexpr int kElementwiseUnroll = 2;  // strided path: scalar accesses (measured on vector_add)
 
@@ -228,20 +226,31 @@ struct TileStrides {
   int64_t col[kIn];
 };
 
-// The tiled kernel's residency bound: 6 blocks of 256 threads per SM (at most 42 registers a thread).
-constexpr int kTileMinBlocks = 6;
+// The tiled kernel's residency bound, which caps its registers (65536 / (256 threads x blocks)): the
+// functor's kTileBlocksPerSM when it sets one, else 3 (at most 85 registers), where no functor's kernel
+// spills: at 6 blocks (42 registers) ptxas spilled 20-140 bytes a thread in every 16-bit gated kernel, at 4
+// still 36 in the backward's. Add sets 6, measured fastest for it (history/tuning/tiled_variants.cu).
+template <typename Op>
+constexpr int kTileBlocksPerSM = [] {
+  if constexpr (requires { Op::kTileBlocksPerSM; }) {
+    return Op::kTileBlocksPerSM;
+  } else {
+    return 3;
+  }
+}();
 
 // rows x cols outputs, row-major and dense. The inputs flagged in kStaged (bit q: input q has unit stride
 // along rows) are read with consecutive threads walking their rows and staged in shared memory; the others
 // are read directly along columns, like the outputs are written. The mask is a template argument, so each
 // instantiation stages only its column-major inputs with no runtime test. Each thread first issues all of
-// its direct reads for the tile, then computes and stores, so they are in flight together.
+// its direct reads for the tile, then computes and stores, so they are in flight together. Residency:
+// kTileBlocksPerSM.
 // How it is written matters more than usual here: with a runtime mask tested per input (a loop over the
 // inputs, or the flags written out per input) the bf16 16384^2 transpose of vector_add ran 0.79-1.02x the
 // speed of vector_add's own pre-engine kernel; this form runs it 1.33x (f32 1.49x), measured side by side
 // by benchmarks/history/tuning/tiled_variants.cu.
 template <typename T, typename Op, unsigned kStaged>
-__global__ void __launch_bounds__(kWarpSize * kTileRows, kTileMinBlocks)
+__global__ void __launch_bounds__(kWarpSize * kTileRows, kTileBlocksPerSM<Op>)
     tiled_elementwise_kernel(ElementwisePointers<T, Op::kIn, Op::kOut> p, TileStrides<Op::kIn> s, int64_t rows,
                              int64_t cols, Op op) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
