@@ -44,14 +44,14 @@ constexpr int kElementwiseThreads = 128;
 // warps were resident, and ran at 0.96-0.97x Inductor's kernels at 16384 x 14336; with one vector, 32 and
 // 36 registers and 1.00x (f32 unchanged at 0.99-1.00x; same run, do_bench medians). A pure stream (add)
 // measured best with two.
+// (Detected the C++17 way: the extension is compiled as C++17 against torch 2.11, without `requires`.)
+template <typename Op, typename = void>
+struct VectorsPerThreadOf : std::integral_constant<int, 1> {};
 template <typename Op>
-constexpr int kVectorsPerThread = [] {
-  if constexpr (requires { Op::kVectorsPerThread; }) {
-    return Op::kVectorsPerThread;
-  } else {
-    return 1;
-  }
-}();
+struct VectorsPerThreadOf<Op, std::void_t<decltype(Op::kVectorsPerThread)>>
+    : std::integral_constant<int, Op::kVectorsPerThread> {};
+template <typename Op>
+constexpr int kVectorsPerThread = VectorsPerThreadOf<Op>::value;
 
 constexpr int kElementwiseUnroll = 2;  // strided path: scalar accesses (measured on vector_add)
 
@@ -230,14 +230,13 @@ struct TileStrides {
 // functor's kTileBlocksPerSM when it sets one, else 3 (at most 85 registers), where no functor's kernel
 // spills: at 6 blocks (42 registers) ptxas spilled 20-140 bytes a thread in every 16-bit gated kernel, at 4
 // still 36 in the backward's. Add sets 6, measured fastest for it (history/tuning/tiled_variants.cu).
+template <typename Op, typename = void>
+struct TileBlocksPerSMOf : std::integral_constant<int, 3> {};
 template <typename Op>
-constexpr int kTileBlocksPerSM = [] {
-  if constexpr (requires { Op::kTileBlocksPerSM; }) {
-    return Op::kTileBlocksPerSM;
-  } else {
-    return 3;
-  }
-}();
+struct TileBlocksPerSMOf<Op, std::void_t<decltype(Op::kTileBlocksPerSM)>>
+    : std::integral_constant<int, Op::kTileBlocksPerSM> {};
+template <typename Op>
+constexpr int kTileBlocksPerSM = TileBlocksPerSMOf<Op>::value;
 
 // rows x cols outputs, row-major and dense. The inputs flagged in kStaged (bit q: input q has unit stride
 // along rows) are read with consecutive threads walking their rows and staged in shared memory; the others
