@@ -380,14 +380,17 @@ class ExportedGraph(TestCase):
 
 # Around every warp/block switch and vector width: 16-bit (8 per vector, warp up to 2048), f32 (4, 1024),
 # f64 (2, 512); beyond a block's register cache and beyond shared memory for the backward's dweight
-# accumulator (f32 N = 70000 -> the column kernel).
+# accumulator (f32 N = 70000 -> the column kernel); f32 N = 12288: the dweight row is exactly 48 KiB, past the
+# default limit with the block's static shared memory (the launch must opt in).
 # Block rows keep up to 512 threads x 8 vectors in registers (16-bit N <= 32768, f32 16384, f64 8192), longer
-# ones 1024 x 4 and read the rest twice; the backward keeps 512 x 4. Forward rows of whole 16-byte vectors
-# from 512 vectors up (16-bit N >= 4096, f32 2048, f64 1024) take the stream blocks, sized 4 vectors a thread
-# up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to 4096 vectors (16392), 1024 past
+# ones 1024 x 4 and read the rest twice; the backward keeps 512 x 4, and its rows of whole 16-byte vectors from
+# 257 to 2048 vectors (16-bit 2056-16384, f32 1028-8192) take the staged blocks (16388: one past). Forward
+# rows of whole 16-byte vectors from 512 vectors up (16-bit N >= 4096, f32 2048, f64 1024) take the stream
+# blocks, sized 4 vectors a thread up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to
+# 4096 vectors (16392) unless the rows in flight overflow L1 (16-bit with a weight at 32768: 1024), 1024 past
 # them (32776); add_rms_norm's from past its 2048 kept vectors (16-bit 16392, f32 8196).
 _CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1024, 1025, 1032, 2048, 2056, 4096, 4104, 8192 + 3,
-            8196, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
+            8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
 
 
 @requires_cuda
@@ -465,6 +468,44 @@ def test_cuda_dweight_column_fallback_and_weight_only() -> None:
         torch.testing.assert_close(both[1].double(), ref, rtol=1e-4, atol=1e-3)
         again = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, True)
         assert torch.equal(again[1], both[1])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
+    # The staged backward (rows of 257 to 2048 16-byte vectors) runs each block over a chunk of rows with the
+    # next rows' copies in flight in a ring of shared-memory buffers, and sums dweight in registers: rows
+    # enough for many rows per block (the ring wrapping around, a short last chunk), with and without the
+    # weight, plain and with add_rms_norm's grad_residual_out, only dx, and dweight the same bits every run.
+    per_vector = 16 // torch.empty((), dtype=dtype).element_size()
+    for n_vectors, rows in ((257, 4001), (1000, 1500), (2048, 700)):
+        n = n_vectors * per_vector
+        x, dy = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
+        for w in (random_tensor((n,), dtype, "cuda"), None):
+            rstd = torch.ops.myns._rms_norm_forward(x, w, 1e-6)[1]
+            xd, wd, rd = x.double().cpu(), None if w is None else w.double().cpu(), rstd.double().cpu()
+            poison_cuda_cache()
+            dx, dw = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, w is not None)
+            ref_dx, ref_dw = OPS_BY_NAME["_rms_norm_backward"].reference(dy.double().cpu(), xd, wd, rd, True,
+                                                                         w is not None)
+            assert_close_to_reference(dx.cpu(), ref_dx, msg=lambda m: f"dx n={n}: {m}")
+            only_dx = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, False)[0]
+            assert torch.equal(only_dx, dx), f"n={n}"
+            if w is not None:
+                rtol = 1e-4 if dtype == torch.float32 else 2e-2
+                torch.testing.assert_close(dw.cpu().double(), ref_dw, rtol=rtol, atol=rtol * rows,
+                                           msg=lambda m: f"dw n={n}: {m}")
+                again = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, True)
+                assert torch.equal(again[1], dw) and torch.equal(again[0], dx), f"n={n}"
+            dres = random_tensor((rows, n), dtype, "cuda")
+            poison_cuda_cache()
+            adx, adw = torch.ops.myns._add_rms_norm_backward(dy, dres, x, w, rstd, w is not None, 0.0)
+            ref_adx, _ = OPS_BY_NAME["_add_rms_norm_backward"].reference(
+                dy.double().cpu(), dres.double().cpu(), xd, wd, rd, w is not None, 0.0)
+            assert_close_to_reference(adx.cpu(), ref_adx, msg=lambda m: f"add dx n={n}: {m}")
+            if w is not None:  # (its own bits: add_rms_norm's three staged tensors may take another grid)
+                torch.testing.assert_close(adw.cpu().double(), ref_dw, rtol=rtol, atol=rtol * rows,
+                                           msg=lambda m: f"add dw n={n}: {m}")
 
 
 @requires_cuda

@@ -78,6 +78,17 @@ inline int resident_blocks_per_sm(Kernel kernel, int threads, size_t smem = 0) {
   return std::max(blocks, 1);
 }
 
+// Lets `kernel` launch with `dynamic_bytes` of dynamic shared memory next to its `static_bytes`: past the
+// 48 KiB (both together) every kernel may use, it must opt in, else its launch fails ("invalid argument").
+template <typename Kernel>
+inline void allow_shared_memory(Kernel kernel, size_t dynamic_bytes, size_t static_bytes) {
+  constexpr size_t kDefaultLimit = 48 * 1024;
+  if (dynamic_bytes + static_bytes > kDefaultLimit) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(dynamic_bytes)));
+  }
+}
+
 inline bool is_aligned(const void* ptr, int bytes = kVectorBytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
@@ -194,6 +205,32 @@ __device__ __forceinline__ void store_vector_l2(T* base, int64_t vector_index, c
 #else
   (void)policy;
   reinterpret_cast<AlignedVector<T, kN>*>(base)[vector_index] = v;
+#endif
+}
+
+// Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80+; a plain copy, complete at
+// once, on older devices). A thread commits the copies it has issued as a group; copy_async_wait<k>()
+// returns once at most k of its groups are still in flight, and the data of the others is then visible to
+// that thread (another thread reading it needs a barrier as well). The copies skip L1 (.cg).
+__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+template <int kInFlight>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kInFlight) : "memory");
 #endif
 }
 

@@ -5,7 +5,9 @@
 //     enough to keep the row in registers, a few units per thread (small blocks, so several rows are in
 //     flight per SM and one row's reduction overlaps another's loads), and for longer rows the largest
 //     block, the rest of the row read a second time (then mostly from L2). The forward adds a third,
-//     "stream" blocks keeping nothing, which it uses where they measured faster (rms_norm_forward.cuh);
+//     "stream" blocks keeping nothing, which it uses where they measured faster (rms_norm_forward.cuh), and
+//     the backward a "staged" block whose next rows are copied into shared memory while it works on one
+//     (RowRing);
 //   - accesses in "chunks" of kC elements (a 16-byte vector when every row start is aligned, else one
 //     element); chunk c of a row covers elements [c * kC, c * kC + kC), and a processor's thread t owns
 //     chunks t, t + threads, ...;
@@ -19,6 +21,8 @@
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda_utils.cuh"
@@ -56,6 +60,50 @@ struct Processor {
   __device__ static int threads() { return kBlockPerRow ? blockDim.x : kWarpSize; }
   __device__ static int per_block() { return kBlockPerRow ? 1 : blockDim.x / kWarpSize; }
   __device__ static int in_block() { return kBlockPerRow ? 0 : threadIdx.x / kWarpSize; }
+};
+
+// Rows staged through shared memory: while a block works on one row, each thread's copies of its chunks of
+// the next rows are in flight (cp.async) into a ring of kStages row buffers. A thread reads back only the
+// chunks it copied itself, so the ring needs no barrier. A buffer holds the same row of kTensors tensors,
+// kUnits chunks a thread (chunk tid + k * threads), laid out [stage][tensor][unit][thread]: a warp's 16-byte
+// accesses are consecutive. Every fetch commits one copy group (empty past the block's rows), so wait()
+// (at most kStages - 1 groups in flight) always means "the oldest fetched row is here".
+template <typename T, int kC, int kTensors, int kUnits, int kStages>
+struct RowRing {
+  using Chunk = AlignedVector<T, kC>;
+  static_assert(sizeof(Chunk) == kVectorBytes, "cp.async copies 16-byte vectors");
+
+  static size_t bytes(int threads) { return size_t{kStages} * kTensors * kUnits * threads * sizeof(Chunk); }
+
+  __device__ explicit RowRing(void* smem) : mine_(static_cast<Chunk*>(smem) + threadIdx.x) {}
+
+  __device__ const Chunk& at(int stage, int tensor, int unit) const { return *slot(stage, tensor, unit); }
+
+  // Copies this thread's chunks of the rows starting at row[t] into `stage` (none when !valid).
+  __device__ void fetch(int stage, const T* const (&row)[kTensors], int n_chunks, bool valid) {
+    if (valid) {
+#pragma unroll
+      for (int k = 0; k < kUnits; ++k) {
+        const int c = static_cast<int>(threadIdx.x) + k * static_cast<int>(blockDim.x);
+        if (c < n_chunks) {
+#pragma unroll
+          for (int t = 0; t < kTensors; ++t) {
+            copy_async_16(slot(stage, t, k), reinterpret_cast<const Chunk*>(row[t]) + c);
+          }
+        }
+      }
+    }
+    copy_async_commit();
+  }
+
+  __device__ static void wait() { copy_async_wait<kStages - 1>(); }
+
+ private:
+  __device__ Chunk* slot(int stage, int tensor, int unit) const {
+    return mine_ + ((stage * kTensors + tensor) * kUnits + unit) * static_cast<int>(blockDim.x);
+  }
+
+  Chunk* mine_;
 };
 
 // Hides a kept chunk's value from the optimizer between the sweeps: otherwise it keeps sweep 1's f32
@@ -177,6 +225,28 @@ void with_row_shape(const RowConfig& cfg, Fn&& fn) {
     }
   }
 }
+
+// A kernel's resident blocks per SM for (device, block size, dynamic shared memory), asked of the driver
+// once per key: the occupancy query took host time on every call. Direct-mapped, lock-free:
+// each slot packs key and value into one word, so a reader sees either a whole entry or a miss.
+class OccupancyCache {
+ public:
+  template <typename Query>
+  int get(int device, int threads, size_t smem, Query query) {
+    if (device < 0 || device >= 64 || threads > 1024 || smem >= (size_t{1} << 24)) return query();
+    const uint64_t key = (static_cast<uint64_t>(device) << 35) | (static_cast<uint64_t>(threads) << 24) | smem;
+    std::atomic<uint64_t>& slot = slots_[(key ^ (key >> 9) ^ (key >> 24)) % kSlots];
+    const uint64_t entry = slot.load(std::memory_order_relaxed);
+    if (entry != 0 && (entry >> 16) == key) return static_cast<int>(entry & 0xffff);
+    const int value = query();  // >= 1
+    slot.store((key << 16) | static_cast<uint64_t>(std::min(value, 0xffff)), std::memory_order_relaxed);
+    return value;
+  }
+
+ private:
+  static constexpr int kSlots = 64;
+  std::atomic<uint64_t> slots_[kSlots] = {};
+};
 
 // Every row start of a T tensor with this row stride (and base) 16-byte aligned for n-element rows.
 template <typename T>

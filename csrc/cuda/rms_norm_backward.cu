@@ -3,17 +3,16 @@
 //   dx = rstd * g - h * rstd^3 / N * sum(g * h) (+ grad_residual_out), g = dy * (weight + offset);
 //   dweight = sum over rows of dy * h * rstd.
 // The row processors each take a contiguous chunk of rows: dx in one pass after the row's dot product (in
-// RowSum<T>), dweight accumulated per processor in shared memory; each block writes one f32 partial row,
-// and the engine's column reduction sums the partial rows in block order. No atomics, so dweight is
-// bit-identical from run to run on a device. When N is too large for the shared-memory accumulator,
-// dweight's partial rows come from a column-parallel kernel instead.
+// RowSum<T>), dweight accumulated per processor (in registers for the staged blocks, else in shared
+// memory); each block writes one f32 partial row, and the engine's column reduction sums the partial rows
+// in block order. No atomics, so dweight is bit-identical from run to run on a device. When N is too large
+// for the shared-memory accumulator, dweight's partial rows come from a column-parallel kernel instead.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <tuple>
 
@@ -28,8 +27,6 @@ namespace {
 
 using namespace torchops::norm_cuda;
 
-constexpr size_t kDefaultSmem = 48 * 1024;
-
 // sum over a chunk of g * h, g = dy * (w + offset) (dy when !scale_by_w).
 template <typename A, typename T, typename W, int kC>
 __device__ __forceinline__ A chunk_dot(const AlignedVector<T, kC>& hv, const AlignedVector<T, kC>& gv,
@@ -43,23 +40,33 @@ __device__ __forceinline__ A chunk_dot(const AlignedVector<T, kC>& hv, const Ali
   return s;
 }
 
-// dx of a chunk: rstd * g - c3 * h (+ dres).
-template <typename T, typename W, int kC, typename A>
+// dx of a chunk: rstd * g - c3 * h (+ extra, add_rms_norm's grad_residual_out, when kExtra). The extra
+// chunk is a value, not a pointer that may be null: taking a local's address gave the kept kernels a stack
+// frame (16-32 bytes a thread, ptxas).
+template <bool kExtra, typename T, typename W, int kC, typename A>
 __device__ __forceinline__ AlignedVector<T, kC> input_grad(const AlignedVector<T, kC>& hv,
                                                            const AlignedVector<T, kC>& gv,
                                                            const AlignedVector<W, kC>& wv, bool scale_by_w, A offset,
-                                                           A r, A c3, const T* dres, int64_t c) {
-  AlignedVector<T, kC> extra;
-  if (dres != nullptr) extra = load_vector<T, kC>(dres, c);
+                                                           A r, A c3, const AlignedVector<T, kC>& extra) {
   AlignedVector<T, kC> out;
 #pragma unroll
   for (int e = 0; e < kC; ++e) {
     const A g = static_cast<A>(gv.val[e]);
     A v = r * (scale_by_w ? g * (static_cast<A>(wv.val[e]) + offset) : g) - c3 * static_cast<A>(hv.val[e]);
-    if (dres != nullptr) v += static_cast<A>(extra.val[e]);
+    if constexpr (kExtra) v += static_cast<A>(extra.val[e]);
     out.val[e] = static_cast<T>(v);
   }
   return out;
+}
+
+// input_grad with the extra term read from dres (when not null) at chunk c.
+template <typename T, typename W, int kC, typename A>
+__device__ __forceinline__ AlignedVector<T, kC> input_grad(const AlignedVector<T, kC>& hv,
+                                                           const AlignedVector<T, kC>& gv,
+                                                           const AlignedVector<W, kC>& wv, bool scale_by_w, A offset,
+                                                           A r, A c3, const T* dres, int64_t c) {
+  if (dres != nullptr) return input_grad<true>(hv, gv, wv, scale_by_w, offset, r, c3, load_vector<T, kC>(dres, c));
+  return input_grad<false>(hv, gv, wv, scale_by_w, offset, r, c3, hv);
 }
 
 // acc[e * n_chunks + c] += dy * h * rstd for the chunk's elements. The kC shared-memory loads are issued
@@ -224,6 +231,113 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   }
 }
 
+// Staged rows: a block per row for rows past the warp's that fit kStagedUnits chunks a thread on
+// kStagedThreads threads (16-bit N <= 16384, f32 8192), with 16-byte vectors and dx wanted. The kept
+// blocks above hold few blocks an SM (up to 128 registers and the dweight accumulator), so while one
+// reduces a row little of the next is in flight. Here each block runs over its chunk of rows with the
+// next kStages - 1 rows' h, dy (and dres) copies in flight into shared memory (RowRing), the weight in
+// registers for the block's life and dweight accumulated in registers (a thread owns the same columns in
+// every row), so the shared memory is all staging. The row is read from its buffer twice (the dot
+// product, then dx and dweight); the buffer is refilled after its row is done (every value read from it
+// consumed). Kernel alone against the kept blocks (history/tuning/rms_norm_kernels.py, % of copy,
+// bf16 32768x4096 / 16384x8192 / 8192x16384): rms_norm 74.5 / 72.2 / 68.6% -> 85.4 / 81.3 / 72.6%,
+// add_rms_norm 67.6 / 66.9 / 65.5% -> 89.3 / 90.0 / 88.9%; f32 32768x4096 and 16384x8192 91.4 / 86.2% ->
+// 93.3 / 93.2%, add 77.5 / 76.1% -> 96.4 / 96.3%. Two buffers (one row ahead) ran faster than three or as
+// fast (add_rms_norm bf16 16384x8192: 285 against 323 us, three buffers costing residency).
+constexpr int kStagedUnits = 4, kStagedThreads = 512, kStagedStages = 2;
+
+template <typename T, typename W, bool kDres>
+__global__ void __launch_bounds__(kStagedThreads, 1)
+    norm_backward_staged_kernel(BackwardArgs<T, W> a, opmath_t<T> offset, int64_t rows, int n,
+                                int64_t rows_per_block) {
+  using A = opmath_t<T>;
+  using S = RowSum<T>;
+  constexpr int kC = vector_size<T>();
+  constexpr int kU = kStagedUnits;
+  constexpr int kTensors = kDres ? 3 : 2;  // h, dy (, dres)
+  using Chunk = AlignedVector<T, kC>;
+  using WChunk = AlignedVector<W, kC>;
+  constexpr int kStages = kStagedStages;
+  using Ring = RowRing<T, kC, kTensors, kU, kStages>;
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  __shared__ S scratch[kWarpSize];
+  Ring ring(dynamic_smem);
+  const int tid = threadIdx.x, threads = blockDim.x;
+  const int n_chunks = n / kC;
+  const bool scale_by_w = a.weight != nullptr;
+  const bool want_dw = a.dw_partial != nullptr;  // uniform over the grid
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
+  auto fetch = [&](int64_t row, int stage) {
+    const bool valid = row < end;
+    const int64_t at = valid ? row : begin;  // no out-of-range pointer arithmetic past the rows
+    const T* src[kTensors];
+    src[0] = a.h + at * a.h_row_stride;
+    src[1] = a.dy + at * a.dy_row_stride;
+    if constexpr (kDres) src[2] = a.dres + at * a.dres_row_stride;
+    ring.fetch(stage, src, n_chunks, valid);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) fetch(begin + s, s);
+  WChunk wc[kU];
+  A dw[kU][kC];
+#pragma unroll
+  for (int k = 0; k < kU; ++k) {
+    const int c = tid + k * threads;
+    wc[k] = scale_by_w && c < n_chunks ? load_vector<W, kC>(a.weight, c) : WChunk{};
+#pragma unroll
+    for (int e = 0; e < kC; ++e) dw[k][e] = A(0);
+  }
+  int stage = 0;
+  for (int64_t row = begin; row < end; ++row) {
+    // the row kStages - 1 ahead goes into the buffer the previous row freed
+    fetch(row + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
+    const A r = a.rstd[row];
+    Ring::wait();
+    S s = 0;
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      if (tid + k * threads < n_chunks) {
+        s += chunk_dot<A>(ring.at(stage, 0, k), ring.at(stage, 1, k), wc[k], scale_by_w, offset);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kU; ++k) keep_packed(wc[k]);  // converted per row, not kept as f32 over the loop
+    s = row_sum<true>(s, scratch);
+    const A c3 = static_cast<A>(static_cast<S>(r) * r * r * s / static_cast<S>(n));
+    T* dxr = a.dx + row * n;
+    // The row is read again from shared memory (not kept in registers over the reduction: ptxas spilled
+    // 116-240 bytes a thread for 16-bit inputs that way).
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      const int c = tid + k * threads;
+      if (c < n_chunks) {
+        const Chunk hv = ring.at(stage, 0, k), gv = ring.at(stage, 1, k);
+        const Chunk dr = ring.at(stage, kDres ? 2 : 0, k);  // (h again when there is no dres: not used)
+        store_vector<T, kC>(dxr, c, input_grad<kDres>(hv, gv, wc[k], scale_by_w, offset, r, c3, dr));
+        if (want_dw) {
+#pragma unroll
+          for (int e = 0; e < kC; ++e) dw[k][e] += static_cast<A>(gv.val[e]) * static_cast<A>(hv.val[e]) * r;
+        }
+      }
+    }
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
+  if (want_dw) {
+    A* out = a.dw_partial + static_cast<int64_t>(blockIdx.x) * n;
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      const int c = tid + k * threads;
+      if (c < n_chunks) {
+        AlignedVector<A, kC> v;
+#pragma unroll
+        for (int e = 0; e < kC; ++e) v.val[e] = dw[k][e];
+        store_vector<A, kC>(out, c, v);
+      }
+    }
+  }
+}
+
 // dweight's partial rows when N is too large for the shared-memory accumulator: thread = one column,
 // blockIdx.y = one chunk of rows_per_part rows, summed in row order.
 template <typename T>
@@ -243,27 +357,58 @@ __global__ void norm_dw_columns_kernel(const T* __restrict__ dy, int64_t dy_row_
   dw_partial[static_cast<int64_t>(blockIdx.y) * n + col] = v;
 }
 
-// A kernel's resident blocks per SM for (device, block size, dynamic shared memory), asked of the driver
-// once per key: the occupancy query took host time on every backward call. Direct-mapped, lock-free:
-// each slot packs key and value into one word, so a reader sees either a whole entry or a miss.
-class OccupancyCache {
- public:
-  template <typename Query>
-  int get(int device, int threads, size_t smem, Query query) {
-    if (device < 0 || device >= 64 || threads > 1024 || smem >= (size_t{1} << 24)) return query();
-    const uint64_t key = (static_cast<uint64_t>(device) << 35) | (static_cast<uint64_t>(threads) << 24) | smem;
-    std::atomic<uint64_t>& slot = slots_[(key ^ (key >> 9) ^ (key >> 24)) % kSlots];
-    const uint64_t entry = slot.load(std::memory_order_relaxed);
-    if (entry != 0 && (entry >> 16) == key) return static_cast<int>(entry & 0xffff);
-    const int value = query();  // >= 1
-    slot.store((key << 16) | static_cast<uint64_t>(std::min(value, 0xffff)), std::memory_order_relaxed);
-    return value;
+// The staged kernel's launch where it takes the shape (norm_backward_staged_kernel); false elsewhere.
+template <typename T, typename W>
+bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n, double offset,
+                            const at::Tensor& grad_weight, const at::Tensor& like, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, double>) {
+    return false;
+  } else {
+    using A = opmath_t<T>;
+    constexpr int kC = vector_size<T>();
+    const int64_t n_chunks = n / kC;
+    if (a.dx == nullptr || n_chunks <= int64_t{kWarpSize} * kWarpMaxUnits ||
+        n_chunks > int64_t{kStagedUnits} * kStagedThreads) {
+      return false;
+    }
+    const int threads = std::max<int>(
+        kMinRowThreads, static_cast<int>((n_chunks + kStagedUnits - 1) / kStagedUnits + kWarpSize - 1) / kWarpSize *
+                            kWarpSize);
+    const int device = like.device().index();
+    const size_t smem_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) -
+                              kWarpSize * sizeof(RowSum<T>);
+    auto launch = [&](auto dres) {
+      constexpr bool kDres = decltype(dres)::value;
+      const size_t smem = RowRing<T, kC, kDres ? 3 : 2, kStagedUnits, kStagedStages>::bytes(threads);
+      if (smem > smem_limit) return false;
+      const auto kernel = norm_backward_staged_kernel<T, W, kDres>;
+      static OccupancyCache occupancy;  // one per kernel
+      allow_shared_memory(kernel, smem, kWarpSize * sizeof(RowSum<T>));
+      const int resident =
+          occupancy.get(device, threads, smem, [&] { return resident_blocks_per_sm(kernel, threads, smem); });
+      const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+      const int64_t max_blocks = static_cast<int64_t>(sms) * resident;
+      int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, rows));
+      const int64_t rows_per_block = (rows + blocks - 1) / blocks;
+      blocks = (rows + rows_per_block - 1) / rows_per_block;
+      const bool want_dw = grad_weight.defined();
+      at::Tensor partial;
+      BackwardArgs<T, W> k = a;
+      if (want_dw) {
+        partial = empty_dense_cuda({blocks, n}, at::CppTypeToScalarType<A>::value, like.device());
+        k.dw_partial = partial.mutable_data_ptr<A>();
+      }
+      kernel<<<static_cast<unsigned int>(blocks), threads, smem, stream>>>(k, static_cast<A>(offset), rows,
+                                                                            static_cast<int>(n), rows_per_block);
+      TORCHOPS_CUDA_LAUNCH_CHECK();
+      if (want_dw) {
+        launch_column_reduce<A, W>(partial.const_data_ptr<A>(), blocks, n, grad_weight.mutable_data_ptr<W>(), stream);
+      }
+      return true;
+    };
+    return a.dres != nullptr ? launch(std::true_type{}) : launch(std::false_type{});
   }
-
- private:
-  static constexpr int kSlots = 64;
-  std::atomic<uint64_t> slots_[kSlots] = {};
-};
+}
 
 template <typename T, typename W, int kC>
 void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offset, const at::Tensor& grad_weight,
@@ -273,6 +418,9 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
   // The kernel's column loops step a 32-bit index by up to BackwardShapes::kLongThreads: it must not wrap.
   TORCH_CHECK(n <= INT32_MAX - BackwardShapes::kLongThreads,
               "rms_norm backward: rows of more than 2^31 - 513 elements are not supported on CUDA, got ", n);
+  if constexpr (kC > 1) {
+    if (launch_backward_staged(a, rows, n, offset, grad_weight, like, stream)) return;
+  }
   const RowConfig cfg = row_config<T, BackwardShapes, kC>(n);
   const int per_block = cfg.rows_per_block();
   const bool want_dw = grad_weight.defined();
@@ -287,9 +435,7 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
                               kWarpSize * sizeof(RowSum<T>);
     const bool dw_in_smem = want_dw && smem_bytes <= smem_limit;
     const size_t smem = dw_in_smem ? smem_bytes : 0;
-    if (smem > kDefaultSmem) {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    }
+    allow_shared_memory(kernel, smem, kWarpSize * sizeof(RowSum<T>));
     // A grid as large as fits on the device at once (each block loops over its own chunk of rows), so
     // there are as few dweight partial rows as possible. Fixed for a device and shape: deterministic.
     const int resident = occupancy.get(device, cfg.threads, smem,

@@ -3,6 +3,9 @@
 // the two sets of instantiations compile in parallel. See rms_norm.cu for the kernel's design.
 #pragma once
 
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <cstdint>
 #include <type_traits>
 
 #include "../common/dispatch.h"
@@ -280,10 +283,11 @@ struct AddForwardShapes {
 // measured faster (short rows; add_rms_norm's rows up to its kept units). Plain rows: 4 vectors a thread
 // (one sweep-1 batch) from 128 to 512 threads, 512 up to 4096 vectors, then 1024. Sweep 2 reads a row
 // again from L1 only while the rows in flight on an SM fit it: at 1024 threads one or two long rows do; at
-// 512 threads those rows fell out of L1 and ran 13-27% slower. 512 threads for 2048-4096 vectors is the
-// measured compromise: bf16 rows there (64 KiB, 32 registers, four blocks an SM) overflow L1 and trail the
-// measured 3-blocks-an-SM time (143 against 134 us at 4096x32768); 672-thread blocks, which the SM's
-// thread limit caps at three, ran bf16 no faster and f32 8192x16384 at 389 us against 255 (a thread's 6-7
+// 512 threads those rows fell out of L1 and ran 13-27% slower. 512 threads for 2048-4096 vectors, unless
+// the blocks an SM holds at once then bring more rows than kStreamL1Bytes (stream_fits_l1): bf16 with a
+// weight takes 32 registers, four 512-thread blocks an SM, and its 64 KiB rows at 4096x32768 ran 143 us
+// at 512 threads against 132 at 1024 (768: 155; history/tuning/rms_norm_kernels.py); f32 (46 registers,
+// two blocks) keeps 512. 672-thread blocks ran f32 8192x16384 at 389 us against 255 (a thread's 6-7
 // vectors need more dependent rounds than 2 full batches).
 // add_rms_norm reads residual_out back from L2 whatever the block, and ran fastest at 1024.
 template <bool kAdd>
@@ -297,6 +301,18 @@ int stream_threads(int64_t chunks) {
   }
 }
 
+// The bytes of rows in flight on an SM that sweep 2 still finds in L1 (of its 256 KiB with no shared memory
+// in use): three 64 KiB rows did, four did not.
+constexpr int64_t kStreamL1Bytes = 192 * 1024;
+
+// Whether `threads`-thread blocks of `kernel`, as many as an SM holds at once, keep their rows in L1.
+template <typename Kernel>
+bool stream_fits_l1(Kernel kernel, OccupancyCache& occupancy, int threads, int64_t row_bytes) {
+  const int device = c10::cuda::current_device();
+  const int resident = occupancy.get(device, threads, 0, [&] { return resident_blocks_per_sm(kernel, threads); });
+  return resident * row_bytes <= kStreamL1Bytes;
+}
+
 template <typename T, typename W, int kC, bool kAdd>
 void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
                     cudaStream_t stream) {
@@ -308,10 +324,16 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
   TORCH_CHECK(n < (int64_t{1} << 31) - kMaxStep,
               "rms_norm: rows of 2^31 - 2^16 elements or more are not supported on CUDA, got ", n);
   if constexpr (kC > 1) {
-    const int threads = stream_threads<kAdd>(n / kC);
+    int threads = stream_threads<kAdd>(n / kC);
     if (threads > 0) {
-      const auto kernel = a.weight != nullptr ? norm_forward_stream_kernel<T, W, kC, kAdd, true>
-                                              : norm_forward_stream_kernel<T, W, kC, kAdd, false>;
+      const bool weighted = a.weight != nullptr;
+      const auto kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true>
+                                   : norm_forward_stream_kernel<T, W, kC, kAdd, false>;
+      static OccupancyCache occupancy[2];  // one per kernel
+      if (threads < kStreamMaxThreads &&
+          !stream_fits_l1(kernel, occupancy[weighted], threads, n * static_cast<int64_t>(sizeof(T)))) {
+        threads = kStreamMaxThreads;
+      }
       kernel<<<blocks_to_cover(rows, 1), threads, 0, stream>>>(a.x, a.x_row_stride, a.residual, a.residual_row_stride,
                                                                a.h_out, a.weight, static_cast<A>(offset), a.y, a.rstd,
                                                                rows, n, static_cast<A>(eps));
