@@ -70,6 +70,29 @@ def _run(command: str | list[str], cwd: str, env: dict[str, str], timeout: float
     return output
 
 
+# C++20-only syntax: keywords and operators, and the headers that only C++20 has.
+_CXX20_ONLY = re.compile(r"\brequires\s*[({]|\bconcept\b|<=>|\bconsteval\b|\bconstinit\b|\bco_(await|return|yield)\b"
+                         r"|#include\s*<(span|format|ranges|concepts|bit|numbers|source_location)>")
+
+
+def test_sources_stay_cxx17() -> None:
+    # torch 2.11 (the GPU machine's) builds extensions as C++17, 2.14 (CI's) as C++20: C++20-only code
+    # compiles here and fails there, as a `requires` expression in the elementwise engine once did.
+    found = []
+    for top in ("csrc", os.path.join("examples", "cpp")):
+        for folder, _, files in os.walk(os.path.join(REPO_ROOT, top)):
+            for name in files:
+                if not name.endswith((".h", ".cuh", ".cpp", ".cu")):
+                    continue
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    for number, line in enumerate(f, 1):
+                        code = line.split("//", 1)[0]
+                        if _CXX20_ONLY.search(code):
+                            found.append(f"{os.path.relpath(path, REPO_ROOT)}:{number}: {line.strip()}")
+    assert not found, "C++20-only code:\n" + "\n".join(found)
+
+
 def test_library_has_no_python_symbols() -> None:
     path = torchops.library_path()
     assert os.path.isfile(path), path
