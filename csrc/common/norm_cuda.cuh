@@ -117,6 +117,17 @@ __device__ __forceinline__ void keep_packed(AlignedVector<T, kC>& v) {
   }
 }
 
+// The static shared memory of a block-row kernel: row_sum's scratch, one RowSum<T> per warp.
+template <typename T>
+constexpr size_t kRowSumScratchBytes = kWarpSize * sizeof(RowSum<T>);
+
+// The dynamic shared memory a block-row kernel may opt in to on `device`, next to row_sum's scratch.
+template <typename T>
+size_t row_kernel_smem_limit(int device) {
+  return static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) -
+         kRowSumScratchBytes<T>;
+}
+
 // Sum over the threads of one row processor. Block mode: every thread of the block must call it (it syncs);
 // `scratch` holds one value per warp.
 template <bool kBlockPerRow, typename S>
@@ -171,6 +182,11 @@ constexpr int chunks_per_unit() {
 
 enum class RowShape { kWarp, kBlock, kLongBlock };
 
+// `threads` rounded up to whole warps.
+inline int round_to_warps(int64_t threads) {
+  return static_cast<int>((threads + kWarpSize - 1) / kWarpSize * kWarpSize);
+}
+
 // The geometry of a launch. Row sizes are counted in 16-byte units of T.
 struct RowConfig {
   RowShape shape;
@@ -190,13 +206,12 @@ RowConfig row_config(int64_t n) {
     if (kC == 1) units = kWarpMaxUnits;
     return {RowShape::kWarp, units, kWarpBlockThreads};
   }
-  auto round_warps = [](int64_t t) { return static_cast<int>((t + kWarpSize - 1) / kWarpSize * kWarpSize); };
   if (kC > 1 && n_units <= int64_t{Shapes::kThreads} * Shapes::kUnits) {
     const int64_t threads = (n_units + Shapes::kUnits - 1) / Shapes::kUnits;
-    return {RowShape::kBlock, Shapes::kUnits, std::max(kMinRowThreads, round_warps(threads))};
+    return {RowShape::kBlock, Shapes::kUnits, std::max(kMinRowThreads, round_to_warps(threads))};
   }
   const int64_t threads = (n_units + Shapes::kLongUnits - 1) / Shapes::kLongUnits;
-  return {RowShape::kLongBlock, Shapes::kLongUnits, round_warps(std::min<int64_t>(Shapes::kLongThreads, threads))};
+  return {RowShape::kLongBlock, Shapes::kLongUnits, round_to_warps(std::min<int64_t>(Shapes::kLongThreads, threads))};
 }
 
 // Calls fn(std::integral_constant<int, kSlots>, std::bool_constant<kBlockPerRow>,

@@ -357,7 +357,29 @@ __global__ void norm_dw_columns_kernel(const T* __restrict__ dy, int64_t dy_row_
   dw_partial[static_cast<int64_t>(blockIdx.y) * n + col] = v;
 }
 
-// The staged kernel's launch where it takes the shape (norm_backward_staged_kernel); false elsewhere.
+// A grid as large as fits on the device at once, each block looping over its own contiguous chunk of
+// rows, so there are as few dweight partial rows as possible. Fixed for a device and shape: deterministic.
+// rows_at_once: the rows a block's processors take at a time (a warp each, or the whole block's one).
+struct BlockRows {
+  int64_t blocks;
+  int64_t rows_per_block;
+};
+
+template <typename Kernel>
+BlockRows resident_grid(Kernel kernel, OccupancyCache& occupancy, int device, int threads, size_t smem, int64_t rows,
+                        int rows_at_once) {
+  const int resident =
+      occupancy.get(device, threads, smem, [&] { return resident_blocks_per_sm(kernel, threads, smem); });
+  const int64_t max_blocks =
+      static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount, device)) * resident;
+  const int64_t wanted = (rows + rows_at_once - 1) / rows_at_once;
+  const int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, wanted));
+  const int64_t rows_per_block = (rows + blocks - 1) / blocks;
+  return {(rows + rows_per_block - 1) / rows_per_block, rows_per_block};
+}
+
+// The staged kernel's launch for block rows (cfg not the warp's) it takes (norm_backward_staged_kernel);
+// false elsewhere.
 template <typename T, typename W>
 bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n, double offset,
                             const at::Tensor& grad_weight, const at::Tensor& like, cudaStream_t stream) {
@@ -367,42 +389,29 @@ bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n
     using A = opmath_t<T>;
     constexpr int kC = vector_size<T>();
     const int64_t n_chunks = n / kC;
-    if (a.dx == nullptr || n_chunks <= int64_t{kWarpSize} * kWarpMaxUnits ||
-        n_chunks > int64_t{kStagedUnits} * kStagedThreads) {
-      return false;
-    }
-    const int threads = std::max<int>(
-        kMinRowThreads, static_cast<int>((n_chunks + kStagedUnits - 1) / kStagedUnits + kWarpSize - 1) / kWarpSize *
-                            kWarpSize);
+    if (a.dx == nullptr || n_chunks > int64_t{kStagedUnits} * kStagedThreads) return false;
+    const int threads = std::max(kMinRowThreads, round_to_warps((n_chunks + kStagedUnits - 1) / kStagedUnits));
     const int device = like.device().index();
-    const size_t smem_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) -
-                              kWarpSize * sizeof(RowSum<T>);
     auto launch = [&](auto dres) {
       constexpr bool kDres = decltype(dres)::value;
       const size_t smem = RowRing<T, kC, kDres ? 3 : 2, kStagedUnits, kStagedStages>::bytes(threads);
-      if (smem > smem_limit) return false;
+      if (smem > row_kernel_smem_limit<T>(device)) return false;
       const auto kernel = norm_backward_staged_kernel<T, W, kDres>;
       static OccupancyCache occupancy;  // one per kernel
-      allow_shared_memory(kernel, smem, kWarpSize * sizeof(RowSum<T>));
-      const int resident =
-          occupancy.get(device, threads, smem, [&] { return resident_blocks_per_sm(kernel, threads, smem); });
-      const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
-      const int64_t max_blocks = static_cast<int64_t>(sms) * resident;
-      int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, rows));
-      const int64_t rows_per_block = (rows + blocks - 1) / blocks;
-      blocks = (rows + rows_per_block - 1) / rows_per_block;
-      const bool want_dw = grad_weight.defined();
+      allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
+      const BlockRows grid = resident_grid(kernel, occupancy, device, threads, smem, rows, 1);
       at::Tensor partial;
       BackwardArgs<T, W> k = a;
-      if (want_dw) {
-        partial = empty_dense_cuda({blocks, n}, at::CppTypeToScalarType<A>::value, like.device());
+      if (grad_weight.defined()) {
+        partial = empty_dense_cuda({grid.blocks, n}, at::CppTypeToScalarType<A>::value, like.device());
         k.dw_partial = partial.mutable_data_ptr<A>();
       }
-      kernel<<<static_cast<unsigned int>(blocks), threads, smem, stream>>>(k, static_cast<A>(offset), rows,
-                                                                            static_cast<int>(n), rows_per_block);
+      kernel<<<static_cast<unsigned int>(grid.blocks), threads, smem, stream>>>(
+          k, static_cast<A>(offset), rows, static_cast<int>(n), grid.rows_per_block);
       TORCHOPS_CUDA_LAUNCH_CHECK();
-      if (want_dw) {
-        launch_column_reduce<A, W>(partial.const_data_ptr<A>(), blocks, n, grad_weight.mutable_data_ptr<W>(), stream);
+      if (grad_weight.defined()) {
+        launch_column_reduce<A, W>(partial.const_data_ptr<A>(), grid.blocks, n, grad_weight.mutable_data_ptr<W>(),
+                                   stream);
       }
       return true;
     };
@@ -418,33 +427,22 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
   // The kernel's column loops step a 32-bit index by up to BackwardShapes::kLongThreads: it must not wrap.
   TORCH_CHECK(n <= INT32_MAX - BackwardShapes::kLongThreads,
               "rms_norm backward: rows of more than 2^31 - 513 elements are not supported on CUDA, got ", n);
-  if constexpr (kC > 1) {
-    if (launch_backward_staged(a, rows, n, offset, grad_weight, like, stream)) return;
-  }
   const RowConfig cfg = row_config<T, BackwardShapes, kC>(n);
+  if constexpr (kC > 1) {
+    if (cfg.shape != RowShape::kWarp && launch_backward_staged(a, rows, n, offset, grad_weight, like, stream)) return;
+  }
   const int per_block = cfg.rows_per_block();
   const bool want_dw = grad_weight.defined();
-  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
   with_row_shape<T, kC, BackwardShapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
     const auto kernel = norm_backward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value,
                                              decltype(max_threads)::value, decltype(min_blocks)::value>;
     static OccupancyCache occupancy;  // one per kernel
     // dweight in shared memory when it fits (opting in above the default 48 KiB), else the column kernel.
     const size_t smem_bytes = static_cast<size_t>(per_block) * n * sizeof(A);
-    const size_t smem_limit = static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) -
-                              kWarpSize * sizeof(RowSum<T>);
-    const bool dw_in_smem = want_dw && smem_bytes <= smem_limit;
+    const bool dw_in_smem = want_dw && smem_bytes <= row_kernel_smem_limit<T>(device);
     const size_t smem = dw_in_smem ? smem_bytes : 0;
-    allow_shared_memory(kernel, smem, kWarpSize * sizeof(RowSum<T>));
-    // A grid as large as fits on the device at once (each block loops over its own chunk of rows), so
-    // there are as few dweight partial rows as possible. Fixed for a device and shape: deterministic.
-    const int resident = occupancy.get(device, cfg.threads, smem,
-                                            [&] { return resident_blocks_per_sm(kernel, cfg.threads, smem); });
-    const int64_t max_blocks = static_cast<int64_t>(sms) * resident;
-    const int64_t wanted = (rows + per_block - 1) / per_block;
-    int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, wanted));
-    const int64_t rows_per_block = (rows + blocks - 1) / blocks;
-    blocks = (rows + rows_per_block - 1) / rows_per_block;
+    allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
+    const auto [blocks, rows_per_block] = resident_grid(kernel, occupancy, device, cfg.threads, smem, rows, per_block);
     TORCH_INTERNAL_ASSERT(blocks <= kMaxGridYZ);  // the column kernel's grid.y; blocks <= SMs x resident blocks
 
     at::Tensor partial;

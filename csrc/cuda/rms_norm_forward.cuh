@@ -296,7 +296,7 @@ int stream_threads(int64_t chunks) {
     return chunks > int64_t{AddForwardShapes::kThreads} * AddForwardShapes::kUnits ? kStreamMaxThreads : 0;
   } else {
     if (chunks < 4 * 128) return 0;
-    if (chunks <= 4 * 512) return static_cast<int>((chunks / 4 + kWarpSize - 1) / kWarpSize * kWarpSize);
+    if (chunks <= 4 * 512) return round_to_warps(chunks / 4);
     return chunks <= 4096 ? 512 : kStreamMaxThreads;
   }
 }
