@@ -473,12 +473,14 @@ def test_cuda_dweight_column_fallback_and_weight_only() -> None:
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
-    # The staged backward (rows of 257 to 2048 16-byte vectors) runs each block over a chunk of rows with the
-    # next rows' copies in flight in a ring of shared-memory buffers, and sums dweight in registers: rows
-    # enough for many rows per block (the ring wrapping around, a short last chunk), with and without the
-    # weight, plain and with add_rms_norm's grad_residual_out, only dx, and dweight the same bits every run.
+    # The staged backward (rows of 257 to 2048 16-byte vectors on one block, longer ones split over a cluster
+    # of up to 8 blocks) runs each block or cluster over a chunk of rows with the next rows' copies in flight
+    # in a ring of shared-memory buffers, and sums dweight in registers: rows enough for many rows per block
+    # (the ring wrapping around, a short last chunk), rows split over clusters of 2 to 8 blocks (some with
+    # a shorter last part) and rows too long for a cluster (the kept kernel), with and without the weight,
+    # plain and with add_rms_norm's grad_residual_out, only dx, and dweight the same bits every run.
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
-    for n_vectors, rows in ((257, 4001), (1000, 1500), (2048, 700)):
+    for n_vectors, rows in ((257, 4001), (1000, 1500), (2048, 700), (2049, 600), (6001, 200), (16384, 40)):
         n = n_vectors * per_vector
         x, dy = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
         for w in (random_tensor((n,), dtype, "cuda"), None):
@@ -506,6 +508,37 @@ def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
             if w is not None:  # (its own bits: add_rms_norm's three staged tensors may take another grid)
                 torch.testing.assert_close(adw.cpu().double(), ref_dw, rtol=rtol, atol=rtol * rows,
                                            msg=lambda m: f"add dw n={n}: {m}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cuda_staged_forward_many_rows_per_block(dtype: torch.dtype) -> None:
+    # The staged forward (long rows: one block, or a cluster of blocks sharing each row, walking a chunk of
+    # rows with the next row copied into shared memory while it works on one): rows enough for many rows
+    # per group, rows split over clusters of 2 to 8 blocks (some with a shorter last part) and rows too long
+    # for a cluster (another kernel), plain rms_norm and add_rms_norm, with and without the weight and its
+    # offset, rstd included.
+    per_vector = 16 // torch.empty((), dtype=dtype).element_size()
+    for n_vectors, rows in ((2049, 600), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
+        n = n_vectors * per_vector
+        x, r = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
+        for w in (random_tensor((n,), dtype, "cuda"), None):
+            offset = 0.0 if w is None else 0.5
+            wd = None if w is None else w.double().cpu()
+            poison_cuda_cache()
+            out, res, rstd = torch.ops.myns._add_rms_norm_forward(x, r, w, 1e-6, offset)
+            assert torch.equal(res, x + r), f"n={n}"
+            resd = res.double().cpu()
+            assert_close_to_reference(out.cpu(), rms_norm_reference(resd, wd, 1e-6, offset),
+                                      msg=lambda m: f"add n={n}: {m}")
+            torch.testing.assert_close(rstd.cpu().double(), torch.rsqrt(resd.pow(2).mean(-1) + 1e-6), rtol=1e-5,
+                                       atol=0, msg=lambda m: f"add rstd n={n}: {m}")
+            poison_cuda_cache()
+            out, rstd = torch.ops.myns._rms_norm_forward(x, w, 1e-6, offset)
+            xd = x.double().cpu()
+            assert_close_to_reference(out.cpu(), rms_norm_reference(xd, wd, 1e-6, offset), msg=lambda m: f"n={n}: {m}")
+            torch.testing.assert_close(rstd.cpu().double(), torch.rsqrt(xd.pow(2).mean(-1) + 1e-6), rtol=1e-5,
+                                       atol=0, msg=lambda m: f"rstd n={n}: {m}")
 
 
 @requires_cuda

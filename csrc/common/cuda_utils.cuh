@@ -234,6 +234,89 @@ __device__ __forceinline__ void copy_async_wait() {
 #endif
 }
 
+// Thread-block clusters (sm_90+; the host launches cluster kernels only there): the calling CTA's rank and
+// the CTA count of its cluster (0 and 1 outside a cluster), a barrier over every thread of the cluster
+// (release / acquire: shared-memory writes before it are visible to every peer CTA after it), and a peer
+// CTA's address of a __shared__ variable (read through distributed shared memory).
+__device__ __forceinline__ unsigned int cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned int v;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
+  return v;
+#else
+  return 0;
+#endif
+}
+
+__device__ __forceinline__ unsigned int cluster_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned int v;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(v));
+  return v;
+#else
+  return 1;
+#endif
+}
+
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
+template <typename S>
+__device__ __forceinline__ const S* cluster_peer(const S* local, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint64_t remote;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(remote) : "l"(reinterpret_cast<uint64_t>(local)), "r"(rank));
+  return reinterpret_cast<const S*>(remote);
+#else
+  (void)rank;
+  return local;
+#endif
+}
+
+// The portable limit on a cluster's CTAs.
+constexpr int kMaxClusterBlocks = 8;
+
+inline cudaLaunchConfig_t cluster_launch_config(unsigned int blocks, int threads, size_t smem, int cluster,
+                                                cudaStream_t stream, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(static_cast<unsigned int>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = static_cast<unsigned int>(cluster);
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return config;
+}
+
+// How many clusters of `cluster` blocks of `kernel` the device holds at once, at least 1.
+template <typename... Params>
+inline int resident_clusters(void (*kernel)(Params...), int threads, size_t smem, int cluster) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config =
+      cluster_launch_config(static_cast<unsigned int>(cluster), threads, smem, cluster, nullptr, &attr);
+  int clusters = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  return std::max(clusters, 1);
+}
+
+// kernel<<<blocks, threads, smem, stream>>>(args...) in clusters of `cluster` blocks (blocks a multiple of it).
+template <typename... Params, typename... Args>
+inline void launch_in_clusters(void (*kernel)(Params...), unsigned int blocks, int threads, size_t smem, int cluster,
+                               cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = cluster_launch_config(blocks, threads, smem, cluster, stream, &attr);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 // The sum of v over the warp's 32 lanes, in every lane. A butterfly: every lane adds the same values in the
 // same order, so every lane ends with the same bits.
 template <typename S>

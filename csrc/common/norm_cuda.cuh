@@ -23,7 +23,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 #include "cuda_utils.cuh"
 #include "dispatch.h"
@@ -105,6 +107,21 @@ struct RowRing {
 
   Chunk* mine_;
 };
+
+// The sum of a row split over the CTAs of a cluster, from each CTA's block sum `v` (the same bits in all of
+// its threads): published in slots[parity], then added in rank order after a cluster barrier, so every
+// thread of the cluster gets the same bits. Every thread of the cluster must call it. Consecutive rows
+// alternate `parity`, so one barrier a row is enough: a CTA writes a slot again two rows later, past the
+// barrier of the row between, which no peer passes before its reads of the slot are done. (A CTA must not
+// exit while a peer may still read its slots: one more cluster_barrier() after the last row.)
+template <typename S>
+__device__ __forceinline__ S cluster_row_sum(S v, S (&slots)[2], int parity, int cluster) {
+  if (threadIdx.x == 0) slots[parity] = v;
+  cluster_barrier();
+  S total = 0;
+  for (int q = 0; q < cluster; ++q) total += *cluster_peer(&slots[parity], q);
+  return total;
+}
 
 // Hides a kept chunk's value from the optimizer between the sweeps: otherwise it keeps sweep 1's f32
 // conversions of 16-bit values live until sweep 2 (twice the registers of the packed values) and spills.
@@ -241,15 +258,19 @@ void with_row_shape(const RowConfig& cfg, Fn&& fn) {
   }
 }
 
-// A kernel's resident blocks per SM for (device, block size, dynamic shared memory), asked of the driver
-// once per key: the occupancy query took host time on every call. Direct-mapped, lock-free:
-// each slot packs key and value into one word, so a reader sees either a whole entry or a miss.
+// A kernel's residency (blocks per SM, or clusters per device) for (device, block size, dynamic shared
+// memory, cluster size), asked of the driver once per key: the occupancy query took host time on every
+// call. Direct-mapped, lock-free: each slot packs key and value into one word, so a reader sees either a
+// whole entry or a miss.
 class OccupancyCache {
  public:
   template <typename Query>
-  int get(int device, int threads, size_t smem, Query query) {
-    if (device < 0 || device >= 64 || threads > 1024 || smem >= (size_t{1} << 24)) return query();
-    const uint64_t key = (static_cast<uint64_t>(device) << 35) | (static_cast<uint64_t>(threads) << 24) | smem;
+  int get(int device, int threads, size_t smem, Query query, int cluster = 1) {
+    if (device < 0 || device >= 64 || threads > 1024 || smem >= (size_t{1} << 24) || cluster < 1 || cluster > 15) {
+      return query();
+    }
+    const uint64_t key = (static_cast<uint64_t>(cluster) << 41) | (static_cast<uint64_t>(device) << 35) |
+                         (static_cast<uint64_t>(threads) << 24) | smem;
     std::atomic<uint64_t>& slot = slots_[(key ^ (key >> 9) ^ (key >> 24)) % kSlots];
     const uint64_t entry = slot.load(std::memory_order_relaxed);
     if (entry != 0 && (entry >> 16) == key) return static_cast<int>(entry & 0xffff);
@@ -262,6 +283,96 @@ class OccupancyCache {
   static constexpr int kSlots = 64;
   std::atomic<uint64_t> slots_[kSlots] = {};
 };
+
+// A grid as large as fits on the device at once, each group (a block, or a cluster of `cluster` blocks)
+// looping over its own contiguous chunk of rows: as few dweight partial rows as possible in the backward,
+// and no launch per row. Fixed for a device and shape: deterministic. rows_at_once: the rows a group takes
+// at a time (a warp each, or the whole block's or cluster's one).
+struct RowGroups {
+  int64_t groups;
+  int64_t rows_per_group;
+};
+
+template <typename... Params>
+RowGroups resident_grid(void (*kernel)(Params...), OccupancyCache& occupancy, int device, int threads, size_t smem,
+                        int64_t rows, int rows_at_once, int cluster = 1) {
+  int64_t max_groups = 0;
+  if (cluster == 1) {
+    const int per_sm =
+        occupancy.get(device, threads, smem, [&] { return resident_blocks_per_sm(kernel, threads, smem); });
+    max_groups = static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount, device)) * per_sm;
+  } else {
+    max_groups = occupancy.get(
+        device, threads, smem, [&] { return resident_clusters(kernel, threads, smem, cluster); }, cluster);
+  }
+  const int64_t wanted = (rows + rows_at_once - 1) / rows_at_once;
+  const int64_t groups = std::max<int64_t>(1, std::min(max_groups, wanted));
+  const int64_t rows_per_group = (rows + groups - 1) / groups;
+  return {(rows + rows_per_group - 1) / rows_per_group, rows_per_group};
+}
+
+// Staged rows (the staged forward and backward kernels): each block, or each cluster of blocks sharing a
+// row, walks its chunk of rows with the next row's tensors copied into a RowRing of kStagedStages buffers
+// while it works on one, kStagedUnits 16-byte chunks a thread on up to kStagedThreads threads. A row of up
+// to kStagedUnits x kStagedThreads chunks takes one block; a longer one (sm_90+) a cluster of the fewest
+// blocks of at most `cta_chunks` chunks each, up to kMaxClusterBlocks.
+constexpr int kStagedUnits = 4, kStagedThreads = 512, kStagedStages = 2;
+
+struct StagedSplit {
+  int cluster;      // 0: the row does not fit a cluster (or the device has none)
+  int part_chunks;  // each block's chunks of a row: block q of a cluster takes [q, q + 1) * part_chunks
+  int threads;
+};
+
+// Temporary tuning switch (removed before commit).
+inline int64_t tune_env(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 ? std::atoll(v) : fallback;
+}
+
+inline StagedSplit staged_split(int64_t n_chunks, int64_t cta_chunks, int device) {
+  constexpr int64_t kOneBlock = int64_t{kStagedUnits} * kStagedThreads;
+  const int64_t cluster = n_chunks <= kOneBlock ? 1 : (n_chunks + cta_chunks - 1) / cta_chunks;
+  if (cluster > 1 && (cluster > kMaxClusterBlocks || device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9)) {
+    return {0, 0, 0};
+  }
+  const int part_chunks = static_cast<int>((n_chunks + cluster - 1) / cluster);
+  return {static_cast<int>(cluster), part_chunks,
+          std::max(kMinRowThreads, round_to_warps((part_chunks + kStagedUnits - 1) / kStagedUnits))};
+}
+
+// Where a staged block sits: its chunks [first, first + n_chunks) of every row (columns from col), and its
+// group's rows [begin, end).
+struct StagedPlace {
+  int cluster, first, n_chunks;
+  int64_t col, group, begin, end;
+};
+
+template <bool kCluster, int kC>
+__device__ __forceinline__ StagedPlace staged_place(int n, int part_chunks, int64_t rows, int64_t rows_per_group) {
+  StagedPlace p;
+  p.cluster = kCluster ? static_cast<int>(cluster_blocks()) : 1;
+  p.first = kCluster ? static_cast<int>(cluster_rank()) * part_chunks : 0;
+  p.n_chunks = min(part_chunks, n / kC - p.first);
+  p.col = static_cast<int64_t>(p.first) * kC;
+  p.group = blockIdx.x / p.cluster;
+  p.begin = p.group * rows_per_group;
+  p.end = p.begin + rows_per_group < rows ? p.begin + rows_per_group : rows;
+  return p;
+}
+
+// Launches a staged kernel: in clusters when split.cluster > 1.
+template <typename... Params, typename... Args>
+void launch_staged(void (*kernel)(Params...), const StagedSplit& split, int64_t groups, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  const auto blocks = static_cast<unsigned int>(groups * split.cluster);
+  if (split.cluster == 1) {
+    kernel<<<blocks, split.threads, smem, stream>>>(std::forward<Args>(args)...);
+    TORCHOPS_CUDA_LAUNCH_CHECK();
+  } else {
+    launch_in_clusters(kernel, blocks, split.threads, smem, split.cluster, stream, std::forward<Args>(args)...);
+  }
+}
 
 // Every row start of a T tensor with this row stride (and base) 16-byte aligned for n-element rows.
 template <typename T>

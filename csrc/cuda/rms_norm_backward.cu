@@ -244,12 +244,13 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // add_rms_norm 67.6 / 66.9 / 65.5% -> 89.3 / 90.0 / 88.9%; f32 32768x4096 and 16384x8192 91.4 / 86.2% ->
 // 93.3 / 93.2%, add 77.5 / 76.1% -> 96.4 / 96.3%. Two buffers (one row ahead) ran faster than three or as
 // fast (add_rms_norm bf16 16384x8192: 285 against 323 us, three buffers costing residency).
-constexpr int kStagedUnits = 4, kStagedThreads = 512, kStagedStages = 2;
-
-template <typename T, typename W, bool kDres>
+// Longer rows (on sm_90+) are split over a thread-block cluster: CTA q of the cluster takes chunks
+// [q * part_chunks, (q + 1) * part_chunks) of every row, and the CTAs' dot products meet in distributed
+// shared memory (cluster_row_sum). The cluster walks its rows like one block, and writes one partial row.
+template <typename T, typename W, bool kDres, bool kCluster>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     norm_backward_staged_kernel(BackwardArgs<T, W> a, opmath_t<T> offset, int64_t rows, int n,
-                                int64_t rows_per_block) {
+                                int64_t rows_per_group, int part_chunks) {
   using A = opmath_t<T>;
   using S = RowSum<T>;
   constexpr int kC = vector_size<T>();
@@ -261,30 +262,32 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   using Ring = RowRing<T, kC, kTensors, kU, kStages>;
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ S scratch[kWarpSize];
+  __shared__ S cluster_sums[2];
   Ring ring(dynamic_smem);
   const int tid = threadIdx.x, threads = blockDim.x;
-  const int n_chunks = n / kC;
+  const StagedPlace at_ = staged_place<kCluster, kC>(n, part_chunks, rows, rows_per_group);
+  const int n_chunks = at_.n_chunks;
+  const int64_t col = at_.col, begin = at_.begin, end = at_.end;
   const bool scale_by_w = a.weight != nullptr;
   const bool want_dw = a.dw_partial != nullptr;  // uniform over the grid
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
-  const int64_t end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
   auto fetch = [&](int64_t row, int stage) {
     const bool valid = row < end;
     const int64_t at = valid ? row : begin;  // no out-of-range pointer arithmetic past the rows
     const T* src[kTensors];
-    src[0] = a.h + at * a.h_row_stride;
-    src[1] = a.dy + at * a.dy_row_stride;
-    if constexpr (kDres) src[2] = a.dres + at * a.dres_row_stride;
+    src[0] = a.h + at * a.h_row_stride + col;
+    src[1] = a.dy + at * a.dy_row_stride + col;
+    if constexpr (kDres) src[2] = a.dres + at * a.dres_row_stride + col;
     ring.fetch(stage, src, n_chunks, valid);
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) fetch(begin + s, s);
+  const W* weight = scale_by_w ? a.weight + col : nullptr;
   WChunk wc[kU];
   A dw[kU][kC];
 #pragma unroll
   for (int k = 0; k < kU; ++k) {
     const int c = tid + k * threads;
-    wc[k] = scale_by_w && c < n_chunks ? load_vector<W, kC>(a.weight, c) : WChunk{};
+    wc[k] = scale_by_w && c < n_chunks ? load_vector<W, kC>(weight, c) : WChunk{};
 #pragma unroll
     for (int e = 0; e < kC; ++e) dw[k][e] = A(0);
   }
@@ -304,8 +307,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
 #pragma unroll
     for (int k = 0; k < kU; ++k) keep_packed(wc[k]);  // converted per row, not kept as f32 over the loop
     s = row_sum<true>(s, scratch);
+    if constexpr (kCluster) s = cluster_row_sum(s, cluster_sums, static_cast<int>((row - begin) & 1), at_.cluster);
     const A c3 = static_cast<A>(static_cast<S>(r) * r * r * s / static_cast<S>(n));
-    T* dxr = a.dx + row * n;
+    T* dxr = a.dx + row * n + col;
     // The row is read again from shared memory (not kept in registers over the reduction: ptxas spilled
     // 116-240 bytes a thread for 16-bit inputs that way).
 #pragma unroll
@@ -323,8 +327,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     }
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
+  if constexpr (kCluster) cluster_barrier();  // no CTA exits while a peer may still read its cluster_sums
   if (want_dw) {
-    A* out = a.dw_partial + static_cast<int64_t>(blockIdx.x) * n;
+    A* out = a.dw_partial + at_.group * n + col;
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       const int c = tid + k * threads;
@@ -357,29 +362,11 @@ __global__ void norm_dw_columns_kernel(const T* __restrict__ dy, int64_t dy_row_
   dw_partial[static_cast<int64_t>(blockIdx.y) * n + col] = v;
 }
 
-// A grid as large as fits on the device at once, each block looping over its own contiguous chunk of
-// rows, so there are as few dweight partial rows as possible. Fixed for a device and shape: deterministic.
-// rows_at_once: the rows a block's processors take at a time (a warp each, or the whole block's one).
-struct BlockRows {
-  int64_t blocks;
-  int64_t rows_per_block;
-};
-
-template <typename Kernel>
-BlockRows resident_grid(Kernel kernel, OccupancyCache& occupancy, int device, int threads, size_t smem, int64_t rows,
-                        int rows_at_once) {
-  const int resident =
-      occupancy.get(device, threads, smem, [&] { return resident_blocks_per_sm(kernel, threads, smem); });
-  const int64_t max_blocks =
-      static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount, device)) * resident;
-  const int64_t wanted = (rows + rows_at_once - 1) / rows_at_once;
-  const int64_t blocks = std::max<int64_t>(1, std::min(max_blocks, wanted));
-  const int64_t rows_per_block = (rows + blocks - 1) / blocks;
-  return {(rows + rows_per_block - 1) / rows_per_block, rows_per_block};
-}
-
 // The staged kernel's launch for block rows (cfg not the warp's) it takes (norm_backward_staged_kernel);
-// false elsewhere.
+// false elsewhere. Rows past one block's chunks take clusters of blocks of at most 8192 elements each
+// (history/tuning/rms_norm_kernels.py: at 16384 elements, bf16 2048x65536 ran 374 against 343 us; at 4096,
+// f32 4096x32768 584 against 524); a 2048-vector row stays on one block (bf16 8192x16384: 266 us against
+// 312 for a cluster of two).
 template <typename T, typename W>
 bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n, double offset,
                             const at::Tensor& grad_weight, const at::Tensor& like, cudaStream_t stream) {
@@ -388,29 +375,31 @@ bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n
   } else {
     using A = opmath_t<T>;
     constexpr int kC = vector_size<T>();
-    const int64_t n_chunks = n / kC;
-    if (a.dx == nullptr || n_chunks > int64_t{kStagedUnits} * kStagedThreads) return false;
-    const int threads = std::max(kMinRowThreads, round_to_warps((n_chunks + kStagedUnits - 1) / kStagedUnits));
+    if (a.dx == nullptr) return false;
     const int device = like.device().index();
+    const StagedSplit split = staged_split(n / kC, tune_env("TORCHOPS_TUNE_CTA_CHUNKS", 8192 / kC), device);
+    if (split.cluster == 0) return false;
     auto launch = [&](auto dres) {
       constexpr bool kDres = decltype(dres)::value;
-      const size_t smem = RowRing<T, kC, kDres ? 3 : 2, kStagedUnits, kStagedStages>::bytes(threads);
-      if (smem > row_kernel_smem_limit<T>(device)) return false;
-      const auto kernel = norm_backward_staged_kernel<T, W, kDres>;
-      static OccupancyCache occupancy;  // one per kernel
-      allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
-      const BlockRows grid = resident_grid(kernel, occupancy, device, threads, smem, rows, 1);
+      const size_t smem = RowRing<T, kC, kDres ? 3 : 2, kStagedUnits, kStagedStages>::bytes(split.threads);
+      constexpr size_t kClusterSumBytes = 2 * sizeof(RowSum<T>);  // the kernel's cluster_sums
+      if (smem + kClusterSumBytes > row_kernel_smem_limit<T>(device)) return false;
+      const auto kernel = split.cluster > 1 ? norm_backward_staged_kernel<T, W, kDres, true>
+                                            : norm_backward_staged_kernel<T, W, kDres, false>;
+      static OccupancyCache occupancy[2];  // one per kernel
+      allow_shared_memory(kernel, smem, kRowSumScratchBytes<T> + kClusterSumBytes);
+      const RowGroups grid =
+          resident_grid(kernel, occupancy[split.cluster > 1], device, split.threads, smem, rows, 1, split.cluster);
       at::Tensor partial;
       BackwardArgs<T, W> k = a;
       if (grad_weight.defined()) {
-        partial = empty_dense_cuda({grid.blocks, n}, at::CppTypeToScalarType<A>::value, like.device());
+        partial = empty_dense_cuda({grid.groups, n}, at::CppTypeToScalarType<A>::value, like.device());
         k.dw_partial = partial.mutable_data_ptr<A>();
       }
-      kernel<<<static_cast<unsigned int>(grid.blocks), threads, smem, stream>>>(
-          k, static_cast<A>(offset), rows, static_cast<int>(n), grid.rows_per_block);
-      TORCHOPS_CUDA_LAUNCH_CHECK();
+      launch_staged(kernel, split, grid.groups, smem, stream, k, static_cast<A>(offset), rows, static_cast<int>(n),
+                    grid.rows_per_group, split.part_chunks);
       if (grad_weight.defined()) {
-        launch_column_reduce<A, W>(partial.const_data_ptr<A>(), grid.blocks, n, grad_weight.mutable_data_ptr<W>(),
+        launch_column_reduce<A, W>(partial.const_data_ptr<A>(), grid.groups, n, grad_weight.mutable_data_ptr<W>(),
                                    stream);
       }
       return true;
