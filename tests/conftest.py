@@ -9,6 +9,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torchops  # noqa: E402,F401  registers torch.ops.myns
 
+# Under pytest-xdist each worker process would run torch's CPU kernels on every core of the machine and
+# Inductor would start a compile pool as large: 16 workers on 16 cores meant hundreds of threads contending.
+# Each worker takes its share of the cores instead (at least two threads, so the CPU kernels' parallel
+# paths still run) and compiles in its own process.
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _XDIST_WORKERS > 1:
+    torch.set_num_threads(max(2, (os.cpu_count() or 2) // _XDIST_WORKERS))
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 
 @pytest.fixture(autouse=True)
 def _seed():
