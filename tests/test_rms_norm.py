@@ -512,12 +512,11 @@ def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_cuda_staged_forward_many_rows_per_block(dtype: torch.dtype) -> None:
-    # The staged forward (long rows: one block, or a cluster of blocks sharing each row, walking a chunk of
-    # rows with the next row copied into shared memory while it works on one): rows enough for many rows
-    # per group, rows split over clusters of 2 to 8 blocks (some with a shorter last part) and rows too long
-    # for a cluster (another kernel), plain rms_norm and add_rms_norm, with and without the weight and its
-    # offset, rstd included.
+def test_cuda_long_rows_forward_many_rows(dtype: torch.dtype) -> None:
+    # The forward's long rows (stream blocks, a row per block at a time; add_rms_norm's keep residual_out's
+    # row in shared memory, each thread its own chunks, and rows too long for it take the kept long block):
+    # more rows than blocks, rows whose chunks do not divide evenly over the threads, plain rms_norm and
+    # add_rms_norm, with and without the weight and its offset, rstd included.
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
     for n_vectors, rows in ((2049, 600), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
         n = n_vectors * per_vector

@@ -297,7 +297,7 @@ inline cudaLaunchConfig_t cluster_launch_config(unsigned int blocks, int threads
   return config;
 }
 
-// How many clusters of `cluster` blocks of `kernel` the device holds at once, at least 1.
+// How many clusters of `cluster` blocks of `kernel` the device holds at once (0: none fits).
 template <typename... Params>
 inline int resident_clusters(void (*kernel)(Params...), int threads, size_t smem, int cluster) {
   cudaLaunchAttribute attr;
@@ -305,7 +305,7 @@ inline int resident_clusters(void (*kernel)(Params...), int threads, size_t smem
       cluster_launch_config(static_cast<unsigned int>(cluster), threads, smem, cluster, nullptr, &attr);
   int clusters = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-  return std::max(clusters, 1);
+  return clusters;
 }
 
 // kernel<<<blocks, threads, smem, stream>>>(args...) in clusters of `cluster` blocks (blocks a multiple of it).

@@ -7,7 +7,8 @@
 //     block, the rest of the row read a second time (then mostly from L2). The forward adds a third,
 //     "stream" blocks keeping nothing, which it uses where they measured faster (rms_norm_forward.cuh), and
 //     the backward a "staged" block whose next rows are copied into shared memory while it works on one
-//     (RowRing);
+//     (RowRing), for longer rows a thread-block cluster of them sharing each row (staged_split,
+//     cluster_row_sum);
 //   - accesses in "chunks" of kC elements (a 16-byte vector when every row start is aligned, else one
 //     element); chunk c of a row covers elements [c * kC, c * kC + kC), and a processor's thread t owns
 //     chunks t, t + threads, ...;
@@ -23,7 +24,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 #include <utility>
 
@@ -274,7 +274,7 @@ class OccupancyCache {
     std::atomic<uint64_t>& slot = slots_[(key ^ (key >> 9) ^ (key >> 24)) % kSlots];
     const uint64_t entry = slot.load(std::memory_order_relaxed);
     if (entry != 0 && (entry >> 16) == key) return static_cast<int>(entry & 0xffff);
-    const int value = query();  // >= 1
+    const int value = query();  // >= 0
     slot.store((key << 16) | static_cast<uint64_t>(std::min(value, 0xffff)), std::memory_order_relaxed);
     return value;
   }
@@ -287,7 +287,8 @@ class OccupancyCache {
 // A grid as large as fits on the device at once, each group (a block, or a cluster of `cluster` blocks)
 // looping over its own contiguous chunk of rows: as few dweight partial rows as possible in the backward,
 // and no launch per row. Fixed for a device and shape: deterministic. rows_at_once: the rows a group takes
-// at a time (a warp each, or the whole block's or cluster's one).
+// at a time (a warp each, or the whole block's or cluster's one). No groups when no cluster of the blocks
+// fits the device at all.
 struct RowGroups {
   int64_t groups;
   int64_t rows_per_group;
@@ -305,18 +306,22 @@ RowGroups resident_grid(void (*kernel)(Params...), OccupancyCache& occupancy, in
     max_groups = occupancy.get(
         device, threads, smem, [&] { return resident_clusters(kernel, threads, smem, cluster); }, cluster);
   }
+  if (max_groups < 1) return {0, 0};
   const int64_t wanted = (rows + rows_at_once - 1) / rows_at_once;
   const int64_t groups = std::max<int64_t>(1, std::min(max_groups, wanted));
   const int64_t rows_per_group = (rows + groups - 1) / groups;
   return {(rows + rows_per_group - 1) / rows_per_group, rows_per_group};
 }
 
-// Staged rows (the staged forward and backward kernels): each block, or each cluster of blocks sharing a
-// row, walks its chunk of rows with the next row's tensors copied into a RowRing of kStagedStages buffers
-// while it works on one, kStagedUnits 16-byte chunks a thread on up to kStagedThreads threads. A row of up
-// to kStagedUnits x kStagedThreads chunks takes one block; a longer one (sm_90+) a cluster of the fewest
-// blocks of at most `cta_chunks` chunks each, up to kMaxClusterBlocks.
+// Staged rows (the backward's staged kernel; history/tuning/rms_norm_kernels.py): each block, or each cluster
+// of blocks sharing a row, walks its chunk of rows with the next row's tensors copied into a RowRing of
+// kStagedStages buffers while it works on one, kStagedUnits 16-byte chunks a thread on up to kStagedThreads
+// threads. A row of up to kStagedUnits x kStagedThreads chunks takes one block (backward, bf16 8192x16384:
+// 289 us against 312 split in two); a longer one (sm_90+) a cluster of the fewest blocks of at most
+// kStagedPartElements elements each, up to kMaxClusterBlocks (bf16 2048x65536: 342 us against 374 with
+// 16384-element parts; f32 4096x32768: 524 against 584 with 4096-element parts).
 constexpr int kStagedUnits = 4, kStagedThreads = 512, kStagedStages = 2;
+constexpr int kStagedPartElements = 8192;
 
 struct StagedSplit {
   int cluster;      // 0: the row does not fit a cluster (or the device has none)
@@ -324,15 +329,11 @@ struct StagedSplit {
   int threads;
 };
 
-// Temporary tuning switch (removed before commit).
-inline int64_t tune_env(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != 0 ? std::atoll(v) : fallback;
-}
-
-inline StagedSplit staged_split(int64_t n_chunks, int64_t cta_chunks, int device) {
+template <typename T>
+StagedSplit staged_split(int64_t n_chunks, int device) {
   constexpr int64_t kOneBlock = int64_t{kStagedUnits} * kStagedThreads;
-  const int64_t cluster = n_chunks <= kOneBlock ? 1 : (n_chunks + cta_chunks - 1) / cta_chunks;
+  constexpr int64_t kPartChunks = kStagedPartElements / vector_size<T>();
+  const int64_t cluster = n_chunks <= kOneBlock ? 1 : (n_chunks + kPartChunks - 1) / kPartChunks;
   if (cluster > 1 && (cluster > kMaxClusterBlocks || device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9)) {
     return {0, 0, 0};
   }

@@ -244,9 +244,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // add_rms_norm 67.6 / 66.9 / 65.5% -> 89.3 / 90.0 / 88.9%; f32 32768x4096 and 16384x8192 91.4 / 86.2% ->
 // 93.3 / 93.2%, add 77.5 / 76.1% -> 96.4 / 96.3%. Two buffers (one row ahead) ran faster than three or as
 // fast (add_rms_norm bf16 16384x8192: 285 against 323 us, three buffers costing residency).
-// Longer rows (on sm_90+) are split over a thread-block cluster: CTA q of the cluster takes chunks
-// [q * part_chunks, (q + 1) * part_chunks) of every row, and the CTAs' dot products meet in distributed
-// shared memory (cluster_row_sum). The cluster walks its rows like one block, and writes one partial row.
+// Longer rows (sm_90+; staged_split) are split over a thread-block cluster: block q of the cluster takes
+// chunks [q * part_chunks, (q + 1) * part_chunks) of every row, and the blocks' dot products meet in
+// distributed shared memory (cluster_row_sum). The cluster walks its rows like one block and writes one
+// partial row. Kernel alone against the kept long block (the same script, bf16 / f32): rms_norm
+// 4096x32768 323 / 531 us against 355 / 648, 2048x65536 342 / 590 against 506 / 1012, f32 8192x16384 488
+// against 557; add_rms_norm 2048x65536 403 / 753 against 637 / 1136.
 template <typename T, typename W, bool kDres, bool kCluster>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     norm_backward_staged_kernel(BackwardArgs<T, W> a, opmath_t<T> offset, int64_t rows, int n,
@@ -262,12 +265,12 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   using Ring = RowRing<T, kC, kTensors, kU, kStages>;
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ S scratch[kWarpSize];
-  __shared__ S cluster_sums[2];
+  __shared__ S cluster_sums[2];  // kCluster: the blocks' dot products (cluster_row_sum)
   Ring ring(dynamic_smem);
   const int tid = threadIdx.x, threads = blockDim.x;
-  const StagedPlace at_ = staged_place<kCluster, kC>(n, part_chunks, rows, rows_per_group);
-  const int n_chunks = at_.n_chunks;
-  const int64_t col = at_.col, begin = at_.begin, end = at_.end;
+  const StagedPlace place = staged_place<kCluster, kC>(n, part_chunks, rows, rows_per_group);
+  const int n_chunks = place.n_chunks;
+  const int64_t col = place.col, begin = place.begin, end = place.end;
   const bool scale_by_w = a.weight != nullptr;
   const bool want_dw = a.dw_partial != nullptr;  // uniform over the grid
   auto fetch = [&](int64_t row, int stage) {
@@ -307,7 +310,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
 #pragma unroll
     for (int k = 0; k < kU; ++k) keep_packed(wc[k]);  // converted per row, not kept as f32 over the loop
     s = row_sum<true>(s, scratch);
-    if constexpr (kCluster) s = cluster_row_sum(s, cluster_sums, static_cast<int>((row - begin) & 1), at_.cluster);
+    if constexpr (kCluster) s = cluster_row_sum(s, cluster_sums, static_cast<int>((row - begin) & 1), place.cluster);
     const A c3 = static_cast<A>(static_cast<S>(r) * r * r * s / static_cast<S>(n));
     T* dxr = a.dx + row * n + col;
     // The row is read again from shared memory (not kept in registers over the reduction: ptxas spilled
@@ -329,7 +332,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   }
   if constexpr (kCluster) cluster_barrier();  // no CTA exits while a peer may still read its cluster_sums
   if (want_dw) {
-    A* out = a.dw_partial + at_.group * n + col;
+    A* out = a.dw_partial + place.group * n + col;
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       const int c = tid + k * threads;
@@ -363,10 +366,7 @@ __global__ void norm_dw_columns_kernel(const T* __restrict__ dy, int64_t dy_row_
 }
 
 // The staged kernel's launch for block rows (cfg not the warp's) it takes (norm_backward_staged_kernel);
-// false elsewhere. Rows past one block's chunks take clusters of blocks of at most 8192 elements each
-// (history/tuning/rms_norm_kernels.py: at 16384 elements, bf16 2048x65536 ran 374 against 343 us; at 4096,
-// f32 4096x32768 584 against 524); a 2048-vector row stays on one block (bf16 8192x16384: 266 us against
-// 312 for a cluster of two).
+// false elsewhere (f64, dweight alone, rows too long for a cluster, shared memory short).
 template <typename T, typename W>
 bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n, double offset,
                             const at::Tensor& grad_weight, const at::Tensor& like, cudaStream_t stream) {
@@ -377,7 +377,7 @@ bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n
     constexpr int kC = vector_size<T>();
     if (a.dx == nullptr) return false;
     const int device = like.device().index();
-    const StagedSplit split = staged_split(n / kC, tune_env("TORCHOPS_TUNE_CTA_CHUNKS", 8192 / kC), device);
+    const StagedSplit split = staged_split<T>(n / kC, device);
     if (split.cluster == 0) return false;
     auto launch = [&](auto dres) {
       constexpr bool kDres = decltype(dres)::value;
@@ -390,6 +390,7 @@ bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n
       allow_shared_memory(kernel, smem, kRowSumScratchBytes<T> + kClusterSumBytes);
       const RowGroups grid =
           resident_grid(kernel, occupancy[split.cluster > 1], device, split.threads, smem, rows, 1, split.cluster);
+      if (grid.groups == 0) return false;  // no cluster of these blocks fits the device
       at::Tensor partial;
       BackwardArgs<T, W> k = a;
       if (grad_weight.defined()) {

@@ -6,7 +6,6 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "../common/dispatch.h"
@@ -167,110 +166,17 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   }
 }
 
-// The pointers of one forward launch.
-template <typename T, typename W>
-struct ForwardArgs {
-  const T* x;
-  int64_t x_row_stride;
-  const T* residual;  // null: plain rms_norm
-  int64_t residual_row_stride;
-  T* h_out;
-  const W* weight;
-  T* y;
-  opmath_t<T>* rstd;
-};
-
-// Staged rows (the engine's RowRing, as the backward's staged kernel): each block, or each cluster of blocks
-// sharing a row, walks its chunk of rows with the next row's input (and residual) copied into shared memory
-// while it works on one, the weight in registers for the block's life. Sweep 1 reads the row from its
-// buffer (kAdd: adds the residual, stores residual_out) and sums its squares; sweep 2 reads it from the
-// buffer again (kAdd: adds again, the same bits) and writes the output. Nothing is read from global memory
-// twice, and the copies of the next row keep the memory busy through the row's reduction and writes.
-template <typename T, typename W, bool kAdd, bool kCluster>
-__global__ void __launch_bounds__(kStagedThreads, 1)
-    norm_forward_staged_kernel(ForwardArgs<T, W> a, opmath_t<T> offset, opmath_t<T> eps, int64_t rows, int n,
-                               int64_t rows_per_group, int part_chunks) {
-  using A = opmath_t<T>;
-  using S = RowSum<T>;
-  constexpr int kC = vector_size<T>();
-  constexpr int kU = kStagedUnits;
-  constexpr int kTensors = kAdd ? 2 : 1;  // input (, residual)
-  using Chunk = AlignedVector<T, kC>;
-  using WChunk = AlignedVector<W, kC>;
-  using Ring = RowRing<T, kC, kTensors, kU, kStagedStages>;
-  extern __shared__ __align__(16) unsigned char dynamic_smem[];
-  __shared__ S scratch[kWarpSize];
-  __shared__ S cluster_sums[2];
-  Ring ring(dynamic_smem);
-  const int tid = threadIdx.x, threads = blockDim.x;
-  const StagedPlace at_ = staged_place<kCluster, kC>(n, part_chunks, rows, rows_per_group);
-  const int n_chunks = at_.n_chunks;
-  const int64_t col = at_.col, begin = at_.begin, end = at_.end;
-  auto fetch = [&](int64_t row, int stage) {
-    const bool valid = row < end;
-    const int64_t at = valid ? row : begin;  // no out-of-range pointer arithmetic past the rows
-    const T* src[kTensors];
-    src[0] = a.x + at * a.x_row_stride + col;
-    if constexpr (kAdd) src[1] = a.residual + at * a.residual_row_stride + col;
-    ring.fetch(stage, src, n_chunks, valid);
-  };
-#pragma unroll
-  for (int s = 0; s < kStagedStages - 1; ++s) fetch(begin + s, s);
-  const bool scale = a.weight != nullptr;
-  WChunk wc[kU];
-#pragma unroll
-  for (int k = 0; k < kU; ++k) {
-    const int c = tid + k * threads;
-    wc[k] = scale && c < n_chunks ? load_vector<W, kC>(a.weight + col, c) : WChunk{};
-  }
-  // The row's value of chunk k from the buffer: residual_out with kAdd.
-  auto value = [&](int stage, int k) {
-    if constexpr (kAdd) {
-      return add_rounded<A>(ring.at(stage, 0, k), ring.at(stage, 1, k));
-    } else {
-      return ring.at(stage, 0, k);
-    }
-  };
-  int stage = 0;
-  for (int64_t row = begin; row < end; ++row) {
-    fetch(row + kStagedStages - 1, stage == 0 ? kStagedStages - 1 : stage - 1);
-    Ring::wait();
-    T* yr = a.y + row * n + col;
-    T* hr = kAdd ? a.h_out + row * n + col : nullptr;
-    S ss = 0;
-#pragma unroll
-    for (int k = 0; k < kU; ++k) {
-      const int c = tid + k * threads;
-      if (c < n_chunks) {
-        const Chunk v = value(stage, k);
-        if constexpr (kAdd) store_vector<T, kC>(hr, c, v);
-        ss += chunk_squares<A>(v);
-      }
-    }
-    ss = row_sum<true>(ss, scratch);
-    if constexpr (kCluster) ss = cluster_row_sum(ss, cluster_sums, static_cast<int>((row - begin) & 1), at_.cluster);
-    const A r = inverse_rms(ss, n, eps);
-    if (a.rstd != nullptr && tid == 0 && at_.first == 0) a.rstd[row] = r;
-#pragma unroll
-    for (int k = 0; k < kU; ++k) {
-      const int c = tid + k * threads;
-      if (c < n_chunks) {
-        const Chunk v = value(stage, k);
-        store_vector<T, kC>(yr, c, scale ? normalize(v, wc[k], r, offset) : normalize(v, r));
-      }
-    }
-    stage = stage + 1 == kStagedStages ? 0 : stage + 1;
-  }
-  if constexpr (kCluster) cluster_barrier();  // no block exits while a peer may still read its cluster_sums
-}
-
 // Stream rows: a block per row keeping nothing in registers, for rows of 16-byte vectors (kC = T's vector
 // width) from stream_threads' sizes up. Sweep 1 reads the row (kInFlight vectors a thread in flight) and sums
 // its squares; sweep 2 reads it again and writes the output. Sweep 1's reads ask L2 to keep the lines and
 // allocate in L1, so sweep 2 finds the row in L1 when the rows in flight on an SM fit it (stream_threads
 // sizes the blocks for that), else in L2; sweep 2's reads and the stores ask L2 to drop their lines first.
-// kAdd: sweep 1 reads input and residual once (drop) and writes residual_out (keep); sweep 2 reads
-// residual_out back (stores do not fill L1: from L2). Blocks of any size up to kStreamMaxThreads. kWeight:
+// kAdd: sweep 1 reads input and residual once (drop) and writes residual_out; with kKept it keeps
+// residual_out in shared memory too, each thread its own chunks (its j-th at kept[j * threads]: no
+// barrier), and sweep 2 reads it from there, else back from L2 (written with the keep hint; stores do not
+// fill L1). Kept against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32
+// 4096x32768 552 / 550 us in two runs against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536
+// 284 / 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. Blocks of any size up to kStreamMaxThreads. kWeight:
 // whether weight is given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
@@ -279,12 +185,12 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
 constexpr int kStreamMaxThreads = 1024;
 constexpr int kStreamInFlight = 4;
 
-template <typename T, typename W, int kC, bool kAdd, bool kWeight>
+template <typename T, typename W, int kC, bool kAdd, bool kWeight, bool kKept>
 __global__ void __launch_bounds__(kStreamMaxThreads)
     norm_forward_stream_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                                int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
                                opmath_t<T> offset, T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows,
-                               int64_t n, opmath_t<T> eps, bool h_in_smem) {
+                               int64_t n, opmath_t<T> eps) {
   using A = opmath_t<T>;
   using S = RowSum<T>;
   using Chunk = AlignedVector<T, kC>;
@@ -292,9 +198,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
   constexpr int kIn = kStreamInFlight;
   __shared__ S scratch[kWarpSize];
   extern __shared__ __align__(16) unsigned char stream_smem[];
-  // h_in_smem (kAdd): sweep 1 also keeps residual_out in shared memory, each thread its own chunks (its j-th
-  // chunk at kept[j * threads]: no barrier), and sweep 2 reads it from there instead of from L2.
-  Chunk* kept = reinterpret_cast<Chunk*>(stream_smem) + threadIdx.x;
+  Chunk* kept = reinterpret_cast<Chunk*>(stream_smem) + threadIdx.x;  // kKept: residual_out (see above)
   const int n_chunks = static_cast<int>(n / kC);  // exact: n % kC == 0; 32-bit (n < 2^31, checked at launch)
   const int threads = blockDim.x;
   const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
@@ -308,7 +212,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
       Chunk v = load_vector_l2<T, kC>(xr, c, first_read);
       if constexpr (kAdd) {
         v = add_rounded<A>(v, load_vector_l2<T, kC>(rr, c, drop));
-        store_vector_l2(hr, c, v, keep);
+        store_vector_l2(hr, c, v, kKept ? drop : keep);
       }
       return v;
     };
@@ -327,8 +231,8 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
 #pragma unroll
         for (int k = 0; k < kIn; ++k) {
           v[k] = add_rounded<A>(v[k], o[k]);
-          store_vector_l2(hr, c + k * threads, v[k], h_in_smem ? drop : keep);
-          if (h_in_smem) kept[(j + k) * threads] = v[k];
+          store_vector_l2(hr, c + k * threads, v[k], kKept ? drop : keep);
+          if constexpr (kKept) kept[(j + k) * threads] = v[k];
         }
       } else {
 #pragma unroll
@@ -339,7 +243,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
     }
     for (; c < n_chunks; c += threads, ++j) {
       const Chunk v = read(c);
-      if (kAdd && h_in_smem) kept[j * threads] = v;
+      if constexpr (kKept) kept[j * threads] = v;
       ss += chunk_squares<A>(v);
     }
     ss = row_sum<true>(ss, scratch);
@@ -356,19 +260,31 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
       WChunk w[kIn];
 #pragma unroll
       for (int k = 0; k < kIn; ++k) {
-        v[k] = kAdd && h_in_smem ? kept[(j + k) * threads] : load_vector_l2<T, kC, false>(again, c + k * threads, drop);
+        v[k] = kKept ? kept[(j + k) * threads] : load_vector_l2<T, kC, false>(again, c + k * threads, drop);
         if constexpr (kWeight) w[k] = load_vector<W, kC>(weight, c + k * threads);
       }
 #pragma unroll
       for (int k = 0; k < kIn; ++k) write(c + k * threads, v[k], w[k]);
     }
     for (; c < n_chunks; c += threads, ++j) {
-      const Chunk v = kAdd && h_in_smem ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
+      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
       write(c, v, kWeight ? load_vector<W, kC>(weight, c) : WChunk{});
     }
   }
 }
 
+// The pointers of one forward launch.
+template <typename T, typename W>
+struct ForwardArgs {
+  const T* x;
+  int64_t x_row_stride;
+  const T* residual;  // null: plain rms_norm
+  int64_t residual_row_stride;
+  T* h_out;
+  const W* weight;
+  T* y;
+  opmath_t<T>* rstd;
+};
 
 // add_rms_norm keeps two rows' worth in sweep 1 (input and residual): at 8 units a thread ptxas spilled
 // ~400 bytes a thread, and its forward ran at ~60% of copy bandwidth.
@@ -410,36 +326,6 @@ bool stream_fits_l1(Kernel kernel, OccupancyCache& occupancy, int threads, int64
   return resident * row_bytes <= kStreamL1Bytes;
 }
 
-// The staged kernel's launch where it takes the rows (see below), false elsewhere.
-template <typename T, typename W, bool kAdd>
-bool launch_forward_staged(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
-                           cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, double>) {
-    return false;
-  } else {
-    using A = opmath_t<T>;
-    constexpr int kC = vector_size<T>();
-    const int64_t n_chunks = n / kC;
-    const int64_t min_chunks = kAdd ? tune_env("TORCHOPS_TUNE_FWD_ADD_MIN", 2048) : tune_env("TORCHOPS_TUNE_FWD_PLAIN_MIN", 1 << 30);
-    if (n_chunks <= min_chunks) return false;
-    const int device = c10::cuda::current_device();
-    const StagedSplit split = staged_split(n_chunks, tune_env("TORCHOPS_TUNE_FWD_CTA_CHUNKS", 8192 / kC), device);
-    if (split.cluster == 0) return false;
-    const size_t smem = RowRing<T, kC, kAdd ? 2 : 1, kStagedUnits, kStagedStages>::bytes(split.threads);
-    constexpr size_t kClusterSumBytes = 2 * sizeof(RowSum<T>);  // the kernel's cluster_sums
-    if (smem + kClusterSumBytes > row_kernel_smem_limit<T>(device)) return false;
-    const auto kernel = split.cluster > 1 ? norm_forward_staged_kernel<T, W, kAdd, true>
-                                          : norm_forward_staged_kernel<T, W, kAdd, false>;
-    static OccupancyCache occupancy[2];  // one per kernel
-    allow_shared_memory(kernel, smem, kRowSumScratchBytes<T> + kClusterSumBytes);
-    const RowGroups grid =
-        resident_grid(kernel, occupancy[split.cluster > 1], device, split.threads, smem, rows, 1, split.cluster);
-    launch_staged(kernel, split, grid.groups, smem, stream, a, static_cast<A>(offset), static_cast<A>(eps), rows,
-                  static_cast<int>(n), grid.rows_per_group, split.part_chunks);
-    return true;
-  }
-}
-
 template <typename T, typename W, int kC, bool kAdd>
 void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
                     cudaStream_t stream) {
@@ -451,27 +337,31 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
   TORCH_CHECK(n < (int64_t{1} << 31) - kMaxStep,
               "rms_norm: rows of 2^31 - 2^16 elements or more are not supported on CUDA, got ", n);
   if constexpr (kC > 1) {
-    if (launch_forward_staged<T, W, kAdd>(a, rows, n, eps, offset, stream)) return;
     int threads = stream_threads<kAdd>(n / kC);
     if (threads > 0) {
       const bool weighted = a.weight != nullptr;
-      const auto kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true>
-                                   : norm_forward_stream_kernel<T, W, kC, kAdd, false>;
-      static OccupancyCache occupancy[2];  // one per kernel
+      // kAdd: residual_out's row kept in shared memory where it fits (kAdd's blocks are kStreamMaxThreads
+      // threads: not resized below)
+      const size_t smem = kAdd ? static_cast<size_t>((n / kC + threads - 1) / threads) * threads * kVectorBytes : 0;
+      const bool kept = kAdd && smem <= row_kernel_smem_limit<T>(c10::cuda::current_device());
+      using StreamKernel = void (*)(const T*, int64_t, const T*, int64_t, T*, const W*, A, T*, A*, int64_t, int64_t, A);
+      StreamKernel kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true, false>
+                                     : norm_forward_stream_kernel<T, W, kC, kAdd, false, false>;
+      if constexpr (kAdd) {
+        if (kept) {
+          kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true, true>
+                            : norm_forward_stream_kernel<T, W, kC, kAdd, false, true>;
+        }
+      }
+      static OccupancyCache occupancy[2];  // the plain kernels
       if (threads < kStreamMaxThreads &&
           !stream_fits_l1(kernel, occupancy[weighted], threads, n * static_cast<int64_t>(sizeof(T)))) {
         threads = kStreamMaxThreads;
       }
-      const int64_t slots = (n / kC + threads - 1) / threads;
-      const size_t smem = static_cast<size_t>(slots) * threads * kVectorBytes;
-      const char* env = std::getenv("TORCHOPS_TUNE_ADD_SMEM");  // temporary tuning switch
-      const bool h_in_smem = kAdd && env != nullptr && *env == '1' &&
-                             smem + kRowSumScratchBytes<T> <= static_cast<size_t>(device_attribute(
-                                 cudaDevAttrMaxSharedMemoryPerBlockOptin, c10::cuda::current_device()));
-      if (h_in_smem) allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
-      kernel<<<blocks_to_cover(rows, 1), threads, h_in_smem ? smem : 0, stream>>>(
+      allow_shared_memory(kernel, kept ? smem : 0, kRowSumScratchBytes<T>);
+      kernel<<<blocks_to_cover(rows, 1), threads, kept ? smem : 0, stream>>>(
           a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
-          a.rstd, rows, n, static_cast<A>(eps), h_in_smem);
+          a.rstd, rows, n, static_cast<A>(eps));
       TORCHOPS_CUDA_LAUNCH_CHECK();
       return;
     }
