@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // barrier), and sweep 2 reads it from there, else back from L2 (written with the keep hint; stores do not
 // fill L1). Kept against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32
 // 4096x32768 552 / 550 us in two runs against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536
-// 284 / 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. Blocks of any size up to kStreamMaxThreads. kWeight:
-// whether weight is given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
+// 284 / 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. Blocks of
+// any size up to kStreamMaxThreads. kWeight: whether weight is given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
 // 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster
