@@ -177,7 +177,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // fill L1). Kept against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32
 // 4096x32768 552 / 550 us in two runs against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536
 // 284 / 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. Blocks of
-// any size up to kStreamMaxThreads. kWeight: whether weight is given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
+// any size up to kStreamMaxThreads. kWeight: whether weight is given (a runtime test per chunk cost 10-30
+// registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
 // 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster
@@ -302,7 +303,8 @@ struct AddForwardShapes {
 // at 512 threads against 132 at 1024 (768: 155; history/tuning/rms_norm_kernels.py); f32 (46 registers,
 // two blocks) keeps 512. 672-thread blocks ran f32 8192x16384 at 389 us against 255 (a thread's 6-7
 // vectors need more dependent rounds than 2 full batches).
-// add_rms_norm reads residual_out back from L2 whatever the block, and ran fastest at 1024.
+// add_rms_norm's blocks are 1024 threads, measured fastest when it read residual_out back from L2 (its rows
+// do not fit L1 at any size); they keep that size with residual_out in shared memory.
 template <bool kAdd>
 int stream_threads(int64_t chunks) {
   if constexpr (kAdd) {
@@ -320,8 +322,7 @@ constexpr int64_t kStreamL1Bytes = 192 * 1024;
 
 // Whether `threads`-thread blocks of `kernel`, as many as an SM holds at once, keep their rows in L1.
 template <typename Kernel>
-bool stream_fits_l1(Kernel kernel, OccupancyCache& occupancy, int threads, int64_t row_bytes) {
-  const int device = c10::cuda::current_device();
+bool stream_fits_l1(Kernel kernel, OccupancyCache& occupancy, int device, int threads, int64_t row_bytes) {
   const int resident = occupancy.get(device, threads, 0, [&] { return resident_blocks_per_sm(kernel, threads); });
   return resident * row_bytes <= kStreamL1Bytes;
 }
@@ -339,14 +340,14 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
   if constexpr (kC > 1) {
     int threads = stream_threads<kAdd>(n / kC);
     if (threads > 0) {
+      const int device = c10::cuda::current_device();
       const bool weighted = a.weight != nullptr;
       // kAdd: residual_out's row kept in shared memory where it fits (kAdd's blocks are kStreamMaxThreads
       // threads: not resized below)
       const size_t smem = kAdd ? static_cast<size_t>((n / kC + threads - 1) / threads) * threads * kVectorBytes : 0;
-      const bool kept = kAdd && smem <= row_kernel_smem_limit<T>(c10::cuda::current_device());
-      using StreamKernel = void (*)(const T*, int64_t, const T*, int64_t, T*, const W*, A, T*, A*, int64_t, int64_t, A);
-      StreamKernel kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true, false>
-                                     : norm_forward_stream_kernel<T, W, kC, kAdd, false, false>;
+      const bool kept = kAdd && smem <= row_kernel_smem_limit<T>(device);
+      auto kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true, false>
+                             : norm_forward_stream_kernel<T, W, kC, kAdd, false, false>;
       if constexpr (kAdd) {
         if (kept) {
           kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true, true>
@@ -355,7 +356,7 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
       }
       static OccupancyCache occupancy[2];  // the plain kernels
       if (threads < kStreamMaxThreads &&
-          !stream_fits_l1(kernel, occupancy[weighted], threads, n * static_cast<int64_t>(sizeof(T)))) {
+          !stream_fits_l1(kernel, occupancy[weighted], device, threads, n * static_cast<int64_t>(sizeof(T)))) {
         threads = kStreamMaxThreads;
       }
       allow_shared_memory(kernel, kept ? smem : 0, kRowSumScratchBytes<T>);
