@@ -221,6 +221,16 @@ __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
 #endif
 }
 
+// A 4-byte copy into shared memory (through L1: .cg takes 16 bytes only), in the same groups as above.
+__device__ __forceinline__ void copy_async_4(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto s = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *static_cast<unsigned int*>(smem) = *static_cast<const unsigned int*>(gmem);
+#endif
+}
+
 __device__ __forceinline__ void copy_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;" ::: "memory");

@@ -250,6 +250,14 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // partial row. Kernel alone against the kept long block (the same script, bf16 / f32): rms_norm
 // 4096x32768 323 / 531 us against 355 / 648, 2048x65536 342 / 590 against 506 / 1012, f32 8192x16384 488
 // against 557; add_rms_norm 2048x65536 403 / 753 against 637 / 1136.
+// In a cluster, each block's thread 0 copies the row's rstd with the row's own copies, into a ring of
+// kStages + 1 slots read past row_sum's barrier (a slot is written again at the start of the row two on,
+// past the next row's barrier, which every thread reaches only after its read). Loaded per row instead, as
+// one block does, the cluster kernels ran 6-29% slower (kernel alone, one build, same device: rms_norm f32
+// 8192x16384 / 4096x32768 / 2048x65536 488 / 530 / 591 us against 432 / 465 / 499, bf16 4096x32768 /
+// 2048x65536 328 / 343 against 311 / 324; add_rms_norm f32 8192x16384 / 4096x32768 596 / 672 against 528 /
+// 551); staged on one block, the single-block kernels ran 7-15% slower (bf16 16384x8192 255 against 238 us,
+// add_rms_norm 315 against 283).
 template <typename T, typename W, bool kDres, bool kCluster>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     norm_backward_staged_kernel(BackwardArgs<T, W> a, opmath_t<T> offset, int64_t rows, int n,
@@ -266,6 +274,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ S scratch[kWarpSize];
   __shared__ S cluster_sums[2];  // kCluster: the blocks' dot products (cluster_row_sum)
+  __shared__ A rstd_ring[kCluster ? kStages + 1 : 1];  // kCluster: rstd staged with its row (see above)
   Ring ring(dynamic_smem);
   const int tid = threadIdx.x, threads = blockDim.x;
   const StagedPlace place = staged_place<kCluster, kC>(n, part_chunks, rows, rows_per_group);
@@ -273,6 +282,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   const int64_t col = place.col, begin = place.begin, end = place.end;
   const bool scale_by_w = a.weight != nullptr;
   const bool want_dw = a.dw_partial != nullptr;  // uniform over the grid
+  auto rstd_slot = [&](int64_t row) { return static_cast<int>((row - begin) % (kStages + 1)); };
   auto fetch = [&](int64_t row, int stage) {
     const bool valid = row < end;
     const int64_t at = valid ? row : begin;  // no out-of-range pointer arithmetic past the rows
@@ -280,6 +290,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     src[0] = a.h + at * a.h_row_stride + col;
     src[1] = a.dy + at * a.dy_row_stride + col;
     if constexpr (kDres) src[2] = a.dres + at * a.dres_row_stride + col;
+    if (kCluster && valid && threadIdx.x == 0) copy_async_4(&rstd_ring[rstd_slot(row)], a.rstd + row);
     ring.fetch(stage, src, n_chunks, valid);
   };
 #pragma unroll
@@ -298,7 +309,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   for (int64_t row = begin; row < end; ++row) {
     // the row kStages - 1 ahead goes into the buffer the previous row freed
     fetch(row + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
-    const A r = a.rstd[row];
+    const A r_loaded = kCluster ? A(0) : a.rstd[row];
     Ring::wait();
     S s = 0;
 #pragma unroll
@@ -311,6 +322,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     for (int k = 0; k < kU; ++k) keep_packed(wc[k]);  // converted per row, not kept as f32 over the loop
     s = row_sum<true>(s, scratch);
     if constexpr (kCluster) s = cluster_row_sum(s, cluster_sums, static_cast<int>((row - begin) & 1), place.cluster);
+    const A r = kCluster ? rstd_ring[rstd_slot(row)] : r_loaded;  // thread 0's copy, past row_sum's barrier
     const A c3 = static_cast<A>(static_cast<S>(r) * r * r * s / static_cast<S>(n));
     T* dxr = a.dx + row * n + col;
     // The row is read again from shared memory (not kept in registers over the reduction: ptxas spilled
