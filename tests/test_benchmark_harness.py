@@ -50,6 +50,24 @@ def test_cpu_times_interleave_the_functions_and_measure_one_call(clock):
     assert calls[:6] == ["short", "long"] * 3  # the warm-up alternates call by call
 
 
+def test_cuda_times_interleave_rounds_and_take_the_median(monkeypatch):
+    # No GPU needed: time_ms stands in for do_bench. A host whose state drifts (here: one slow round for
+    # "a") must not decide the comparison, and every round times every function with its share of the budget.
+    calls: list[tuple[str, int]] = []
+    results = {"a": iter([5.0, 1.0, 1.2]), "b": iter([2.0, 2.1, 1.9])}
+
+    def fake_time_ms(fn, device, *, quick=False, share=1):
+        name = fn()
+        calls.append((name, share))
+        return next(results[name])
+
+    monkeypatch.setattr(H, "time_ms", fake_time_ms)
+    monkeypatch.setattr(H, "CUDA_ROUNDS", 3)
+    times = H.time_all_ms({"a": lambda: "a", "b": lambda: "b"}, "cuda")
+    assert times == {"a": 1.2, "b": 2.0}
+    assert calls == [("a", 3), ("b", 3)] * 3
+
+
 def test_single_function_cpu_time_goes_through_the_same_timer(clock):
     def fn():
         clock.now += 0.002
