@@ -2,8 +2,9 @@
 
 Times `myns::_rms_norm_forward`, `myns::_rms_norm_backward` (dx and dweight), `myns::_add_rms_norm_forward` and
 `myns::_add_rms_norm_backward` directly, without autograd or baselines, at the bench grid's shapes in bf16 and
-f32 (weight of the input's dtype), after checking the backward ops against float64 autograd and the add
-forward against `x + r` and float64 `F.rms_norm`. Used to compare kernel variants quickly on the GPU; the full
+f32 (weight of the input's dtype), after checking the forward against float64 `F.rms_norm` (and the op without
+rstd against it bit for bit), the backward ops against float64 autograd and the add forward against `x + r`
+and float64 `F.rms_norm`. Used to compare kernel variants quickly on the GPU; the full
 comparison with the peers is benchmarks/bench_rms_norm.py. Bytes: fwd = x read + y written; bwd = x and dy
 read + dx written; add fwd = input and residual read + out and residual_out written; add bwd = x, dy and
 grad_residual_out read + dx written (the weight, rstd and dweight are < 0.1%). `--shapes MxN,...` picks
@@ -40,6 +41,10 @@ for dt in dtypes:
         dx, dw = torch.ops.myns._rms_norm_backward(dy, x, w, r, True, True)
         adx, adw = torch.ops.myns._add_rms_norm_backward(dy, dres, x, w, r, True, 0.0)
         tol = 2e-2 if dt == torch.bfloat16 else 1e-4
+        y_ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
+        torch.testing.assert_close(y.double(), y_ref, rtol=tol, atol=tol)
+        torch.testing.assert_close(torch.ops.myns.rms_norm(x, w, 1e-6), y, rtol=0, atol=0)  # the no-rstd op
+        del y_ref
         torch.testing.assert_close(dx.double(), gx, rtol=tol, atol=tol)
         torch.testing.assert_close(adx.double(), gx + dres.double(), rtol=tol, atol=tol)
         torch.testing.assert_close(dw.double(), gw, rtol=tol, atol=tol * float(gw.abs().max()))
