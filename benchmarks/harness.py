@@ -49,8 +49,9 @@ CPU_COPY_MIN_BYTES = 64 * MiB  # well past the last-level cache of a typical CPU
 # CPU timing (time_all_ms): seconds of warm-up calls, then rounds of at least this many seconds per function.
 CPU_WARMUP_S, CPU_WARMUP_S_QUICK = 1.0, 0.1
 CPU_ROUNDS, CPU_ROUNDS_QUICK = 6, 2
-CUDA_ROUNDS = 3
 CPU_ROUND_S, CPU_ROUND_S_QUICK = 0.1, 0.025
+# CUDA timing (time_all_ms): this many interleaved do_bench rounds per function, each with its share of the budget.
+CUDA_ROUNDS = 3
 # The CPU timer's clock (warm-up deadline and timed blocks); tests replace it with a fake one.
 CLOCK: Callable[[], float] = time.perf_counter
 
@@ -430,7 +431,8 @@ def _plot(results: Sequence[Result], path: Path, *, ratios_only: bool, title: st
         # Shapes of equal size (an M x N grid at one element count) would stack on a size axis: then the x
         # axis is the shapes themselves, in order of size and of first measurement.
         by_shape = len({r.shape for r in rows}) > len({r.numel for r in rows})
-        order = {shape: i for i, shape in enumerate(dict.fromkeys(r.shape for r in sorted(rows, key=lambda r: r.numel)))}
+        shapes_by_size = dict.fromkeys(r.shape for r in sorted(rows, key=lambda r: r.numel))
+        order = {shape: i for i, shape in enumerate(shapes_by_size)}
         lines: dict[str, list[Result]] = {}
         for r in rows:
             lines.setdefault(f"{r.impl} {r.dtype}", []).append(r)

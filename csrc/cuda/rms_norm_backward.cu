@@ -381,14 +381,13 @@ __global__ void norm_dw_columns_kernel(const T* __restrict__ dy, int64_t dy_row_
 // false elsewhere (f64, dweight alone, rows too long for a cluster, shared memory short).
 template <typename T, typename W>
 bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n, double offset,
-                            const at::Tensor& grad_weight, const at::Tensor& like, cudaStream_t stream) {
+                            const at::Tensor& grad_weight, const at::Tensor& like, int device, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, double>) {
     return false;
   } else {
     using A = opmath_t<T>;
     constexpr int kC = vector_size<T>();
     if (a.dx == nullptr) return false;
-    const int device = like.device().index();
     const StagedSplit split = staged_split<T>(n / kC, device);
     if (split.cluster == 0) return false;
     auto launch = [&](auto dres) {
@@ -431,7 +430,9 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
               "rms_norm backward: rows of more than 2^31 - 513 elements are not supported on CUDA, got ", n);
   const RowConfig cfg = row_config<T, BackwardShapes, kC>(n);
   if constexpr (kC > 1) {
-    if (cfg.shape != RowShape::kWarp && launch_backward_staged(a, rows, n, offset, grad_weight, like, stream)) return;
+    if (cfg.shape != RowShape::kWarp && launch_backward_staged(a, rows, n, offset, grad_weight, like, device, stream)) {
+      return;
+    }
   }
   const int per_block = cfg.rows_per_block();
   const bool want_dw = grad_weight.defined();

@@ -344,8 +344,9 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
       const bool weighted = a.weight != nullptr;
       // kAdd: residual_out's row kept in shared memory where it fits (kAdd's blocks are kStreamMaxThreads
       // threads: not resized below)
-      const size_t smem = kAdd ? static_cast<size_t>((n / kC + threads - 1) / threads) * threads * kVectorBytes : 0;
-      const bool kept = kAdd && smem <= row_kernel_smem_limit<T>(device);
+      const size_t row_smem = static_cast<size_t>((n / kC + threads - 1) / threads) * threads * kVectorBytes;
+      const bool kept = kAdd && row_smem <= row_kernel_smem_limit<T>(device);
+      const size_t smem = kept ? row_smem : 0;
       auto kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true, false>
                              : norm_forward_stream_kernel<T, W, kC, kAdd, false, false>;
       if constexpr (kAdd) {
@@ -359,8 +360,8 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
           !stream_fits_l1(kernel, occupancy[weighted], device, threads, n * static_cast<int64_t>(sizeof(T)))) {
         threads = kStreamMaxThreads;
       }
-      allow_shared_memory(kernel, kept ? smem : 0, kRowSumScratchBytes<T>);
-      kernel<<<blocks_to_cover(rows, 1), threads, kept ? smem : 0, stream>>>(
+      allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
+      kernel<<<blocks_to_cover(rows, 1), threads, smem, stream>>>(
           a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
           a.rstd, rows, n, static_cast<A>(eps));
       TORCHOPS_CUDA_LAUNCH_CHECK();
