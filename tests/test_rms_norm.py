@@ -524,23 +524,8 @@ def test_cuda_long_rows_forward_many_rows(dtype: torch.dtype) -> None:
     # row in shared memory, each thread its own chunks, and read it back from L2 where it does not fit):
     # more rows than blocks, rows whose chunks do not divide evenly over the threads, plain rms_norm and
     # add_rms_norm, with and without the weight and its offset, rstd included.
-    _check_forward_many_rows(dtype, ((2049, 600), (4100, 300), (6001, 200), (8192, 100), (16384, 40)))
-
-
-@requires_cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_cuda_warp_rows_forward_many_rows(dtype: torch.dtype) -> None:
-    # The forward's warp rows (up to 256 16-byte vectors, a warp a row) at the LLM-sized row counts the
-    # bench times: each of the warp's register shapes (1, 4 and 8 vectors a lane), rows that fill a lane's
-    # vectors partly, row counts that leave the last block's warps partly idle; plain rms_norm and
-    # add_rms_norm, with and without the weight and its offset, rstd included.
-    _check_forward_many_rows(dtype, ((1, 30001), (20, 20000), (32, 20000), (33, 12000), (128, 12001), (200, 9000),
-                                     (256, 9000)))
-
-
-def _check_forward_many_rows(dtype: torch.dtype, cases) -> None:
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
-    for n_vectors, rows in cases:
+    for n_vectors, rows in ((2049, 600), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
         n = n_vectors * per_vector
         x, r = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
         for w in (random_tensor((n,), dtype, "cuda"), None):
