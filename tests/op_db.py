@@ -649,7 +649,8 @@ def csr_transpose_errors(device: str) -> list[ErrorInput]:
 # a row stride, dense last dim, read in place) and "offset" rows (misaligned for 16-byte vectors). Weights:
 # None, "same" (input's dtype), "f32" (float32 with 16-bit input; input's dtype otherwise), "strided".
 # N covers 1, odd sizes missing every vector width, both sides of the CUDA warp/block-per-row switch
-# (2048 elements for 16-bit, 1024 f32, 512 f64) and a large N (8192 + 3).
+# (2048 elements for 16-bit, 1024 f32, 512 f64), a large N (8192 + 3) and rows the CUDA backward splits over
+# a thread-block cluster (16400: 3 blocks for 16-bit and f32), so the generic and sanitizer runs reach it.
 _RMS_NORM_CASES: list[tuple[tuple[int, ...], str, str | None, float, float]] = [
     ((4, 1), "contiguous", "same", 1e-6, 0.0),
     ((3, 7), "contiguous", None, 1e-6, 0.0),
@@ -661,6 +662,7 @@ _RMS_NORM_CASES: list[tuple[tuple[int, ...], str, str | None, float, float]] = [
     ((2, 2056), "contiguous", "f32", 1e-6, 0.0),
     ((2, 8195), "contiguous", "same", 1e-6, 0.0),
     ((2, 8192), "row_sliced", "f32", 0.1, 1.0),
+    ((3, 16400), "contiguous", "same", 1e-6, 0.5),
     ((300, 16), "contiguous", "same", 1e-6, -0.5),
     ((0, 16), "contiguous", "same", 1e-6, 0.0),
     ((2, 0, 8), "contiguous", None, 1e-6, 0.0),
