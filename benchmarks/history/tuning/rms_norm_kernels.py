@@ -20,7 +20,7 @@ import triton
 import torchops
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--shapes", default="4096x2048,65536x1024,32768x4096,16384x8192,8192x16384,4096x32768")
+parser.add_argument("--shapes", default="4096x2048,65536x1024,32768x4096,16384x8192,8192x16384,4096x32768,2048x65536")
 parser.add_argument("--dtypes", default="bf16,f32")
 args = parser.parse_args()
 dtypes = [{"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[d] for d in args.dtypes.split(",")]
