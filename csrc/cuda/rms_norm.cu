@@ -11,7 +11,8 @@
 // which the same thread wrote). 16-byte vector accesses when every row start is aligned, else the same
 // kernels with element-wise (still coalesced) accesses. Rows of 16-byte vectors where it measured faster
 // take the stream kernel instead, which keeps nothing and reads each row twice, the second time from L1 or
-// L2 (rms_norm_forward.cuh). The backward is in rms_norm_backward.cu.
+// L2, and short rows of vectors where it measured faster take a warp per two rows (both in flight at once;
+// rms_norm_forward.cuh). The backward is in rms_norm_backward.cu.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

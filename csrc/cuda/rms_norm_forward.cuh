@@ -274,6 +274,103 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
   }
 }
 
+// Warp rows two at a time: a warp takes adjacent rows 2p and 2p + 1 (the second past the end only when the
+// rows are odd), issues both rows' loads before using any, reduces both and loads the weight once for the
+// two; the rows of 16-byte vectors that fit the lane's kSlots kept chunks (row_config's warp shapes). Only
+// where it measured faster than one row a warp (kWarpPairs below).
+template <typename T, typename W, int kSlots, int kC, bool kAdd>
+__global__ void __launch_bounds__(kWarpBlockThreads)
+    norm_forward_warp_pair_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
+                                  int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
+                                  opmath_t<T> offset, T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows,
+                                  int64_t n, opmath_t<T> eps) {
+  using A = opmath_t<T>;
+  using S = RowSum<T>;
+  using Chunk = AlignedVector<T, kC>;
+  using WChunk = AlignedVector<W, kC>;
+  const int n_chunks = static_cast<int>(n / kC);  // exact, and at most kSlots * kWarpSize (row_config)
+  const int lane = threadIdx.x % kWarpSize;
+  const int per_block = blockDim.x / kWarpSize;
+  const int64_t pair_step = static_cast<int64_t>(gridDim.x) * per_block;
+  for (int64_t pair = static_cast<int64_t>(blockIdx.x) * per_block + threadIdx.x / kWarpSize; pair * 2 < rows;
+       pair += pair_step) {
+    const int64_t first = pair * 2;
+    const int count = first + 1 < rows ? 2 : 1;  // uniform over the warp
+    auto has = [&](int q, int s) { return q < count && lane + s * kWarpSize < n_chunks; };
+    Chunk cache[2][kSlots];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        if (has(q, s)) cache[q][s] = load_vector<T, kC>(x + (first + q) * x_row_stride, lane + s * kWarpSize);
+      }
+    }
+    if constexpr (kAdd) {
+      Chunk other[2][kSlots];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          if (has(q, s)) {
+            other[q][s] = load_vector<T, kC>(residual + (first + q) * residual_row_stride, lane + s * kWarpSize);
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          if (has(q, s)) {
+            cache[q][s] = add_rounded<A>(cache[q][s], other[q][s]);
+            store_vector<T, kC>(h_out + (first + q) * n, lane + s * kWarpSize, cache[q][s]);
+          }
+        }
+      }
+    }
+    S ss[2] = {0, 0};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        if (has(q, s)) ss[q] += chunk_squares<A>(cache[q][s]);
+        keep_packed(cache[q][s]);
+      }
+    }
+    A r[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      r[q] = inverse_rms(warp_sum(ss[q]), n, eps);  // the two rows' shuffles are independent: they interleave
+      if (rstd != nullptr && lane == 0 && q < count) rstd[first + q] = r[q];
+    }
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int c = lane + s * kWarpSize;
+      if (c >= n_chunks) continue;
+      if (weight != nullptr) {
+        const WChunk w = load_vector<W, kC>(weight, c);
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          if (q < count) store_vector<T, kC>(y + (first + q) * n, c, normalize(cache[q][s], w, r[q], offset));
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          if (q < count) store_vector<T, kC>(y + (first + q) * n, c, normalize(cache[q][s], r[q]));
+        }
+      }
+    }
+  }
+}
+
+// Where warp rows go in pairs (history/log.md, "warp rows in pairs"; the forward alone through torchops,
+// against one row a warp, us): rms_norm bf16 262144x128 53.2 / 69.1, 131072x512 70.3 / 84.5, 65536x1024
+// 69.8 / 70.4, f32 262144x128 70.0 / 76.7; add_rms_norm bf16 262144x128 78.7 / 93.4. Where a lane keeps 8
+// chunks the pairs lost (bf16 32768x2048 71.7 / 70.1, add_rms_norm bf16 4096x2048 26.0 / 23.2), and
+// add_rms_norm at 4 (bf16 65536x1024 135.4 / 134.5; f32 131072x512 267.4 / 263.6): a pair's input and
+// residual take twice the registers (140 a thread at 4 chunks, 3 blocks an SM).
+template <int kSlots, bool kAdd>
+constexpr bool kWarpPairs = kAdd ? kSlots == 1 : kSlots <= 4;
+
 // The pointers of one forward launch.
 template <typename T, typename W>
 struct ForwardArgs {
@@ -371,6 +468,15 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
   const RowConfig cfg = row_config<T, Shapes, kC>(n);
   const unsigned int blocks = blocks_to_cover(rows, cfg.rows_per_block());
   with_row_shape<T, kC, Shapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
+    constexpr int kSlots = decltype(slots)::value;
+    if constexpr (kC > 1 && !decltype(block_per_row)::value && kWarpPairs<kSlots, kAdd>) {
+      norm_forward_warp_pair_kernel<T, W, kSlots, kC, kAdd>
+          <<<blocks_to_cover(rows, 2 * cfg.rows_per_block()), cfg.threads, 0, stream>>>(
+              a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
+              a.rstd, rows, n, static_cast<A>(eps));
+      TORCHOPS_CUDA_LAUNCH_CHECK();
+      return;
+    }
     norm_forward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value, kAdd,
                         decltype(max_threads)::value, decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
         a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
