@@ -161,6 +161,20 @@ __device__ __forceinline__ S row_sum(S v, S* scratch) {
   return v;
 }
 
+// row_sum for a block that walks rows, with one barrier a row instead of two: consecutive rows alternate
+// halves of `scratch` (parity: the row count's), so a warp writes a half again two rows on, past the
+// barrier of the row between, which no warp passes before its reads of the half are done (as in
+// cluster_row_sum). Every thread of the block must call it, once a row; the same bits as row_sum<true>.
+template <typename S>
+__device__ __forceinline__ S block_row_sum(S v, S (&scratch)[2][kWarpSize], int parity) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (lane == 0) scratch[parity][warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / kWarpSize) ? scratch[parity][lane] : S(0);
+  return warp_sum(v);
+}
+
 // dst[col] = sum over p of partial[p, col], in a fixed order: thread (x, y) sums p = y, y + kReduceRows, ...
 // in order, then row y == 0 adds the kReduceRows sums in order of y.
 template <typename A, typename W>

@@ -258,6 +258,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // 2048x65536 328 / 343 against 311 / 324; add_rms_norm f32 8192x16384 / 4096x32768 596 / 672 against 528 /
 // 551); staged on one block, the single-block kernels ran 7-15% slower (bf16 16384x8192 255 against 238 us,
 // add_rms_norm 315 against 283).
+// One block sums its rows with one barrier a row (block_row_sum; kernel alone, one build, three runs, us):
+// bf16 16384x8192 / 8192x16384 230.6-230.8 / 261.1-261.5 against 237.0-237.1 / 265.9-266.5, add_rms_norm
+// bf16 8192x16384 283.1-283.8 against 288.2-289.0; bf16 32768x4096 and f32 within 0.7% either way. In the
+// cluster kernels it measured even (within 0.7%), and they keep row_sum.
 template <typename T, typename W, bool kDres, bool kCluster>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     norm_backward_staged_kernel(BackwardArgs<T, W> a, opmath_t<T> offset, int64_t rows, int n,
@@ -272,7 +276,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   constexpr int kStages = kStagedStages;
   using Ring = RowRing<T, kC, kTensors, kU, kStages>;
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
-  __shared__ S scratch[kWarpSize];
+  __shared__ S scratch[2][kWarpSize];  // row sums: block_row_sum's halves (one block), else row_sum's first
   __shared__ S cluster_sums[2];  // kCluster: the blocks' dot products (cluster_row_sum)
   __shared__ A rstd_ring[kCluster ? kStages + 1 : 1];  // kCluster: rstd staged with its row (see above)
   Ring ring(dynamic_smem);
@@ -320,8 +324,12 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
     }
 #pragma unroll
     for (int k = 0; k < kU; ++k) keep_packed(wc[k]);  // converted per row, not kept as f32 over the loop
-    s = row_sum<true>(s, scratch);
-    if constexpr (kCluster) s = cluster_row_sum(s, cluster_sums, static_cast<int>((row - begin) & 1), place.cluster);
+    const int parity = static_cast<int>((row - begin) & 1);
+    if constexpr (kCluster) {
+      s = cluster_row_sum(row_sum<true>(s, scratch[0]), cluster_sums, parity, place.cluster);
+    } else {
+      s = block_row_sum(s, scratch, parity);
+    }
     const A r = kCluster ? rstd_ring[rstd_slot(row)] : r_loaded;  // thread 0's copy, past row_sum's barrier
     const A c3 = static_cast<A>(static_cast<S>(r) * r * r * s / static_cast<S>(n));
     T* dxr = a.dx + row * n + col;
@@ -393,12 +401,15 @@ bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n
     auto launch = [&](auto dres) {
       constexpr bool kDres = decltype(dres)::value;
       const size_t smem = RowRing<T, kC, kDres ? 3 : 2, kStagedUnits, kStagedStages>::bytes(split.threads);
-      constexpr size_t kClusterSumBytes = 2 * sizeof(RowSum<T>);  // the kernel's cluster_sums
-      if (smem + kClusterSumBytes > row_kernel_smem_limit<T>(device)) return false;
+      // the kernel's static shared memory past row_kernel_smem_limit's one row_sum scratch: its second
+      // half, cluster_sums and rstd_ring
+      constexpr size_t kStaticBytes =
+          kRowSumScratchBytes<T> + 2 * sizeof(RowSum<T>) + (kStagedStages + 1) * sizeof(A);
+      if (smem + kStaticBytes > row_kernel_smem_limit<T>(device)) return false;
       const auto kernel = split.cluster > 1 ? norm_backward_staged_kernel<T, W, kDres, true>
                                             : norm_backward_staged_kernel<T, W, kDres, false>;
       static OccupancyCache occupancy[2];  // one per kernel
-      allow_shared_memory(kernel, smem, kRowSumScratchBytes<T> + kClusterSumBytes);
+      allow_shared_memory(kernel, smem, kRowSumScratchBytes<T> + kStaticBytes);
       const RowGroups grid =
           resident_grid(kernel, occupancy[split.cluster > 1], device, split.threads, smem, rows, 1, split.cluster);
       if (grid.groups == 0) return false;  // no cluster of these blocks fits the device
