@@ -414,7 +414,7 @@ def test_cuda_every_path_forward_and_backward(dtype: torch.dtype, weight_kind) -
         for layout in ("dense", "aligned_stride", "offset", "row_stride"):
             if layout == "dense":
                 x = random_tensor((rows, n), dtype, "cuda")
-            elif layout == "aligned_stride":  # rows of a wider tensor, every row still 16-byte aligned
+            elif layout == "aligned_stride":  # rows of a wider tensor: 16-byte aligned where n is whole vectors
                 x = random_tensor((rows, n + 16 // dtype.itemsize), dtype, "cuda")[:, :n]
             elif layout == "offset":  # every row misaligned for 16-byte vectors
                 x = random_tensor((rows * n + 1,), dtype, "cuda")[1:].view(rows, n)
