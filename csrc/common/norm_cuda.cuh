@@ -334,8 +334,14 @@ RowGroups resident_grid(void (*kernel)(Params...), OccupancyCache& occupancy, in
 // 289 us against 312 split in two); a longer one (sm_90+) a cluster of the fewest blocks of at most
 // kStagedPartElements elements each, up to kMaxClusterBlocks (bf16 2048x65536: 342 us against 374 with
 // 16384-element parts; f32 4096x32768: 524 against 584 with 4096-element parts).
+// Rows of up to kStagedShortChunks chunks take blocks of two chunks a thread (32 to 128 threads): more
+// warps on the SM for the same rows. Against four a thread (64-thread blocks), backward alone, us:
+// add_rms_norm f32 65536x1024 278.4 / 282.1, bf16 4096x2048 30.0 / 32.3, rms_norm f32 65536x1024 214.1 /
+// 217.8; rows of 64 chunks on 32 threads against 64 (one chunk each): add_rms_norm bf16 131072x512 154.4 /
+// 190.3, f32 262144x256 287.6 / 314.6.
 constexpr int kStagedUnits = 4, kStagedThreads = 512, kStagedStages = 2;
 constexpr int kStagedPartElements = 8192;
+constexpr int kStagedShortChunks = 256;
 
 struct StagedSplit {
   int cluster;      // 0: the row does not fit a cluster (or the device has none)
@@ -352,8 +358,8 @@ StagedSplit staged_split(int64_t n_chunks, int device) {
     return {0, 0, 0};
   }
   const int part_chunks = static_cast<int>((n_chunks + cluster - 1) / cluster);
-  return {static_cast<int>(cluster), part_chunks,
-          std::max(kMinRowThreads, round_to_warps((part_chunks + kStagedUnits - 1) / kStagedUnits))};
+  const int per_thread = part_chunks <= kStagedShortChunks ? 2 : kStagedUnits;
+  return {static_cast<int>(cluster), part_chunks, round_to_warps((part_chunks + per_thread - 1) / per_thread)};
 }
 
 // Where a staged block sits: its chunks [first, first + n_chunks) of every row (columns from col), and its

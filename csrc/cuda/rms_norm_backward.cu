@@ -40,6 +40,25 @@ __device__ __forceinline__ A chunk_dot(const AlignedVector<T, kC>& hv, const Ali
   return s;
 }
 
+// chunk_dot for 16-bit inputs with dweight's terms in the same sweep: p = dy * h once, dw[e] += p * rstd
+// (when want_dw) and the dot product's w * p. Rounded explicitly (__fmul_rn / __fmaf_rn): left to the
+// compiler, the copies of the loop with and without dweight contracted differently, and dx's bits then
+// depended on whether dweight was asked for (f16: w * p is not exact in f32).
+template <typename T, typename W, int kC>
+__device__ __forceinline__ float dot_and_dw(const AlignedVector<T, kC>& hv, const AlignedVector<T, kC>& gv,
+                                            const AlignedVector<W, kC>& wv, bool scale_by_w, float offset,
+                                            bool want_dw, float r, float (&dw)[kC]) {
+  static_assert(is_16bit_float<T>, "f32 partial sums: 16-bit inputs only");
+  float s = 0;
+#pragma unroll
+  for (int e = 0; e < kC; ++e) {
+    const float p = __fmul_rn(static_cast<float>(gv.val[e]), static_cast<float>(hv.val[e]));
+    if (want_dw) dw[e] = __fmaf_rn(p, r, dw[e]);
+    s = scale_by_w ? __fmaf_rn(static_cast<float>(wv.val[e]) + offset, p, s) : s + p;
+  }
+  return s;
+}
+
 // dx of a chunk: rstd * g - c3 * h (+ extra, add_rms_norm's grad_residual_out, when kExtra). The extra
 // chunk is a value, not a pointer that may be null: taking a local's address gave the kept kernels a stack
 // frame (16-32 bytes a thread, ptxas).
@@ -231,8 +250,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   }
 }
 
-// Staged rows: a block per row for rows past the warp's that fit kStagedUnits chunks a thread on
-// kStagedThreads threads (16-bit N <= 16384, f32 8192), with 16-byte vectors and dx wanted. The kept
+// Staged rows: a block per row for rows past the warp's (and the warp's longer ones: kStagedFromChunks)
+// that fit kStagedUnits chunks a thread on kStagedThreads threads (16-bit N <= 16384, f32 8192), with
+// 16-byte vectors and dx wanted. The kept
 // blocks above hold few blocks an SM (up to 128 registers and the dweight accumulator), so while one
 // reduces a row little of the next is in flight. Here each block runs over its chunk of rows with the
 // next kStages - 1 rows' h, dy (and dres) copies in flight into shared memory (RowRing), the weight in
@@ -262,6 +282,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // bf16 16384x8192 / 8192x16384 230.6-230.8 / 261.1-261.5 against 237.0-237.1 / 265.9-266.5, add_rms_norm
 // bf16 8192x16384 283.1-283.8 against 288.2-289.0; bf16 32768x4096 and f32 within 0.7% either way. In the
 // cluster kernels it measured even (within 0.7%), and they keep row_sum.
+// With 16-bit inputs one block adds dweight's terms in the first sweep (dot_and_dw: rstd is loaded with
+// the row, and dy * h serves both sums), not the second: fewer instructions on the row's critical path
+// past the barrier, and 4-12 registers fewer. Backward alone, one build, three rounds, us: bf16 8192x16384
+// 217.2 against 262.6, 16384x8192 221.5 / 235.8, 32768x4096 223.0 / 225.8, add_rms_norm 277.4 / 283.3,
+// 281.0 / 284.1, 283.9 / 286.7. With f32 inputs it measured even or up to 1.1% slower (32768x4096 418.8
+// against 414.1), and in a cluster rstd arrives past the row's barrier (above).
 template <typename T, typename W, bool kDres, bool kCluster>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     norm_backward_staged_kernel(BackwardArgs<T, W> a, opmath_t<T> offset, int64_t rows, int n,
@@ -274,6 +300,8 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
   constexpr int kStages = kStagedStages;
+  // dweight in the first sweep (see above): one block, 16-bit inputs
+  constexpr bool kDwFirst = !kCluster && is_16bit_float<T>;
   using Ring = RowRing<T, kC, kTensors, kU, kStages>;
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ S scratch[2][kWarpSize];  // row sums: block_row_sum's halves (one block), else row_sum's first
@@ -319,7 +347,12 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       if (tid + k * threads < n_chunks) {
-        s += chunk_dot<A>(ring.at(stage, 0, k), ring.at(stage, 1, k), wc[k], scale_by_w, offset);
+        if constexpr (kDwFirst) {
+          s += dot_and_dw(ring.at(stage, 0, k), ring.at(stage, 1, k), wc[k], scale_by_w, offset, want_dw, r_loaded,
+                          dw[k]);
+        } else {
+          s += chunk_dot<A>(ring.at(stage, 0, k), ring.at(stage, 1, k), wc[k], scale_by_w, offset);
+        }
       }
     }
 #pragma unroll
@@ -342,7 +375,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
         const Chunk hv = ring.at(stage, 0, k), gv = ring.at(stage, 1, k);
         const Chunk dr = ring.at(stage, kDres ? 2 : 0, k);  // (h again when there is no dres: not used)
         store_vector<T, kC>(dxr, c, input_grad<kDres>(hv, gv, wc[k], scale_by_w, offset, r, c3, dr));
-        if (want_dw) {
+        if (!kDwFirst && want_dw) {
 #pragma unroll
           for (int e = 0; e < kC; ++e) dw[k][e] += static_cast<A>(gv.val[e]) * static_cast<A>(hv.val[e]) * r;
         }
@@ -431,6 +464,16 @@ bool launch_backward_staged(const BackwardArgs<T, W>& a, int64_t rows, int64_t n
   }
 }
 
+// Rows of the warp kernel's length that the staged kernel takes instead (from these many 16-byte chunks, on
+// 32-128 threads: staged_split): the warp kernel keeps a row's h, dy (and dres) in registers, and add_rms_norm's
+// three rows' worth held 3-4 warps an SM. Backward alone against the warp kernel, one build, us:
+// add_rms_norm bf16 131072x512 / 65536x1024 / 4096x2048 153.9 / 153.4 / 31.1 against 210.0 / 187.7 / 45.5,
+// f32 262144x256 / 131072x512 / 65536x1024 282.5 / 276.1 / 275.1 against 323.6 / 290.8 / 342.5; rms_norm
+// bf16 4096x2048 25.5 against 33.7, f32 65536x1024 213.3 against 213.2. Shorter plain rows stay on the warp
+// kernel, which was faster there (bf16 131072x512 148.6 against 174.8 staged on 64 threads, f32 131072x512
+// 212.2 against 219.6, 262144x256 219.3 against 250.4).
+constexpr int64_t kStagedFromChunks = 256, kStagedFromChunksDres = 64;
+
 template <typename T, typename W, int kC>
 void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offset, const at::Tensor& grad_weight,
                      const at::Tensor& like, cudaStream_t stream) {
@@ -441,7 +484,9 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
               "rms_norm backward: rows of more than 2^31 - 513 elements are not supported on CUDA, got ", n);
   const RowConfig cfg = row_config<T, BackwardShapes, kC>(n);
   if constexpr (kC > 1) {
-    if (cfg.shape != RowShape::kWarp && launch_backward_staged(a, rows, n, offset, grad_weight, like, device, stream)) {
+    const int64_t min_chunks = a.dres != nullptr ? kStagedFromChunksDres : kStagedFromChunks;
+    if ((cfg.shape != RowShape::kWarp || n / kC >= min_chunks) &&
+        launch_backward_staged(a, rows, n, offset, grad_weight, like, device, stream)) {
       return;
     }
   }

@@ -391,8 +391,12 @@ struct AddForwardShapes {
 };
 
 // The stream block for rows of `chunks` 16-byte vectors, or 0 where the kept-in-registers blocks were
-// measured faster (short rows; add_rms_norm's rows up to its kept units). Plain rows: 4 vectors a thread
-// (one sweep-1 batch) from 128 to 512 threads, 512 up to 4096 vectors, then 1024. Sweep 2 reads a row
+// measured faster (rows of fewer than 128 vectors; add_rms_norm's rows up to its kept units). Plain rows: 4
+// vectors a thread (one sweep-1 batch) from 32 to 512 threads, 512 up to 4096 vectors, then 1024. From 128
+// vectors (f32 N = 512, 16-bit 1024) they beat the warp rows, forward alone, one build, us: f32 65536x1024 /
+// 131072x512 / 4096x2048 131.7 / 131.8 / 21.9 against 135.8 / 136.4 / 22.7, bf16 4096x2048 / 32768x2048 12.4 /
+// 69.2 against 13.0 / 70.2, bf16 65536x1024 even (69.9 against 69.6); at 64 vectors they lost (f32 262144x256
+// 166.7 against 137.3, bf16 131072x512 87.1 against 70.7). Sweep 2 reads a row
 // again from L1 only while the rows in flight on an SM fit it: at 1024 threads one or two long rows do; at
 // 512 threads those rows fell out of L1 and ran 13-27% slower. 512 threads for 2048-4096 vectors, unless
 // the blocks an SM holds at once then bring more rows than kStreamL1Bytes (stream_fits_l1): bf16 with a
@@ -407,7 +411,7 @@ int stream_threads(int64_t chunks) {
   if constexpr (kAdd) {
     return chunks > int64_t{AddForwardShapes::kThreads} * AddForwardShapes::kUnits ? kStreamMaxThreads : 0;
   } else {
-    if (chunks < 4 * 128) return 0;
+    if (chunks < 4 * kWarpSize) return 0;
     if (chunks <= 4 * 512) return round_to_warps(chunks / 4);
     return chunks <= 4096 ? 512 : kStreamMaxThreads;
   }
