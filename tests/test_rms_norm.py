@@ -390,17 +390,18 @@ def _dweight_rtol(dtype: torch.dtype) -> float:
 # default limit with the block's static shared memory (the launch must opt in).
 # Block rows keep up to 512 threads x 8 vectors in registers (16-bit N <= 32768, f32 16384, f64 8192), longer
 # ones 1024 x 4 and read the rest twice; the backward keeps 512 x 4, and its rows of whole 16-byte vectors from
-# 257 to 2048 vectors (16-bit 2056-16384, f32 1028-8192) take the staged blocks, longer ones a cluster of up to
-# 8 staged blocks of 8192 elements each on sm_90+ (16-bit 16392-65536, f32 8196-65536; 131072: past it). Forward
-# rows of whole 16-byte vectors from 512 vectors up (16-bit N >= 4096, f32 2048, f64 1024) take the stream
+# 256 to 2048 vectors (16-bit 2048-16384, f32 1024-8192; from 64 with add_rms_norm's grad_residual_out: 16-bit
+# 512, f32 256; 2040 and 1016 just below) take the staged blocks, longer ones a cluster of up to 8 staged blocks
+# of 8192 elements each on sm_90+ (16-bit 16392-65536, f32 8196-65536; 131072: past it). Forward rows of whole
+# 16-byte vectors from 128 vectors up (16-bit N >= 1024, f32 512, f64 256; 1016: 127 vectors) take the stream
 # blocks, sized 4 vectors a thread up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to
 # 4096 vectors (16392) unless the rows in flight overflow L1 (16-bit with a weight at 32768: 1024), 1024 past
 # them (32776); add_rms_norm's from past its 2048 kept vectors (16-bit 16392, f32 8196), residual_out kept in
-# shared memory up to 14336 vectors (16-bit 131072, f32 65536: read back from L2). Warp rows of whole vectors
-# go two to a warp up to 4 vectors a lane (16-bit N <= 1024, f32 512, f64 256; add_rms_norm up to 1: 256, 128,
-# 64), 37 rows leaving the last warp one.
-_CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1024, 1025, 1032, 2048, 2056, 4096, 4104, 8192 + 3,
-            8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
+# shared memory up to 14336 vectors (16-bit 131072, f32 65536: read back from L2). Shorter warp rows of whole
+# vectors go two to a warp up to 4 vectors a lane (16-bit N <= 1016, f32 508, f64 254; add_rms_norm up to 1:
+# 256, 128, 64), 37 rows leaving the last warp one.
+_CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1016, 1024, 1025, 1032, 2040, 2048, 2056, 4096, 4104,
+            8192 + 3, 8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
 
 
 @requires_cuda
@@ -500,14 +501,17 @@ def test_cuda_dweight_column_fallback_and_weight_only() -> None:
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
-    # The staged backward (rows of 257 to 2048 16-byte vectors on one block, longer ones split over a cluster
-    # of up to 8 blocks) runs each block or cluster over a chunk of rows with the next rows' copies in flight
-    # in a ring of shared-memory buffers, and sums dweight in registers: rows enough for many rows per block
+    # The staged backward (rows of 256 to 2048 16-byte vectors on one block, from 64 with add_rms_norm's
+    # grad_residual_out, two a thread up to 256; longer ones split over a cluster of up to 8 blocks) runs each
+    # block or cluster over a chunk of rows with the next rows' copies in flight in a ring of shared-memory
+    # buffers, and sums dweight in registers (16-bit inputs on one block: in the first sweep, with dx's bits
+    # the same whether dweight is wanted or not): rows enough for many rows per block
     # (the ring wrapping around, a short last chunk), rows split over clusters of 2 to 8 blocks (some with
     # a shorter last part) and rows too long for a cluster (the kept kernel), with and without the weight,
     # plain and with add_rms_norm's grad_residual_out, only dx, and dweight the same bits every run.
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
-    for n_vectors, rows in ((257, 4001), (1000, 1500), (2048, 700), (2049, 600), (6001, 200), (16384, 40)):
+    for n_vectors, rows in ((64, 5001), (256, 4001), (257, 4001), (1000, 1500), (2048, 700), (2049, 600),
+                            (6001, 200), (16384, 40)):
         n = n_vectors * per_vector
         x, dy = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
         for w in (random_tensor((n,), dtype, "cuda"), None):

@@ -1,11 +1,14 @@
 """The warp-pair forward and the one-block staged backward under compute-sanitizer, checked against float64:
 pairs at 5-38 rows of 8-1024 elements (odd rows leave a warp one row), dense and with an aligned row stride,
 in bf16 / f32 / f64 / f16 (`pair`); the staged backward at 500 rows of bf16 16384 / f32 8192, one block an SM,
-so each block walks 4 rows and block_row_sum's scratch halves alternate (`staged`). rms_norm and
-add_rms_norm, forward and backward.
+so each block walks 4 rows and block_row_sum's scratch halves alternate (`staged`); short rows (64-256
+16-byte chunks: the staged backward on 32-128 threads, two chunks a thread, and the stream forward on 32-64)
+at 2501-5001 rows, more than the blocks an SM holds times the SMs, so blocks walk two rows or more (`short`).
+rms_norm and add_rms_norm, forward and backward.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 3 python benchmarks/history/tuning/norm_sanitize_pairs_staged.py pair
     compute-sanitizer --tool racecheck --error-exitcode 3 python benchmarks/history/tuning/norm_sanitize_pairs_staged.py staged
+    (and `short` under both tools)
 """
 import sys
 import torch, torchops
@@ -38,6 +41,10 @@ if sys.argv[1] == "pair":
         for m, n in [(37, 8), (37, 256), (38, 512), (37, 1024), (5, 128)]:
             check(m, n, dt)
             check(m, n, dt, stride_pad=16 // dt.itemsize)
+elif sys.argv[1] == "short":
+    for m, n, dt in [(5001, 512, torch.bfloat16), (2501, 1024, torch.bfloat16), (2501, 2048, torch.bfloat16),
+                     (2501, 1024, torch.float32), (5001, 256, torch.float32), (2501, 1024, torch.float16)]:
+        check(m, n, dt)
 else:  # one staged block an SM: 500 rows give each block 4 rows (parity 0, 1, 0, 1)
     check(500, 16384, torch.bfloat16)
     check(500, 8192, torch.float32)
