@@ -367,7 +367,8 @@ __global__ void __launch_bounds__(kWarpBlockThreads)
 // 69.8 / 70.4, f32 262144x128 70.0 / 76.7; add_rms_norm bf16 262144x128 78.7 / 93.4. Where a lane keeps 8
 // chunks the pairs lost (bf16 32768x2048 71.7 / 70.1, add_rms_norm bf16 4096x2048 26.0 / 23.2), and
 // add_rms_norm at 4 (bf16 65536x1024 135.4 / 134.5; f32 131072x512 267.4 / 263.6): a pair's input and
-// residual take twice the registers (140 a thread at 4 chunks, 3 blocks an SM).
+// residual take twice the registers (140 a thread at 4 chunks, 3 blocks an SM). Plain rows of 128 vectors
+// or more (bf16 65536x1024 among them) have since moved to the stream blocks (stream_threads).
 template <int kSlots, bool kAdd>
 constexpr bool kWarpPairs = kAdd ? kSlots == 1 : kSlots <= 4;
 
