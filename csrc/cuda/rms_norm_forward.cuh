@@ -474,18 +474,22 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
   const unsigned int blocks = blocks_to_cover(rows, cfg.rows_per_block());
   with_row_shape<T, kC, Shapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
     constexpr int kSlots = decltype(slots)::value;
-    if constexpr (kC > 1 && !decltype(block_per_row)::value && kWarpPairs<kSlots, kAdd>) {
+    constexpr bool kPairs = kC > 1 && !decltype(block_per_row)::value && kWarpPairs<kSlots, kAdd>;
+    if constexpr (kPairs) {
       norm_forward_warp_pair_kernel<T, W, kSlots, kC, kAdd>
           <<<blocks_to_cover(rows, 2 * cfg.rows_per_block()), cfg.threads, 0, stream>>>(
               a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
               a.rstd, rows, n, static_cast<A>(eps));
-      TORCHOPS_CUDA_LAUNCH_CHECK();
-      return;
+    } else if constexpr (kC > 1 && !kAdd) {
+      // Plain rows of vectors get here under 128 vectors only (the rest stream: stream_threads), which are
+      // warp rows of up to 4 vectors a lane, all in pairs: no kernel is instantiated for the other shapes.
+      TORCH_INTERNAL_ASSERT(false, "rms_norm: no forward kernel for rows of ", n, " elements");
+    } else {
+      norm_forward_kernel<T, W, kSlots, kC, decltype(block_per_row)::value, kAdd, decltype(max_threads)::value,
+                          decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
+          a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
+          a.rstd, rows, n, static_cast<A>(eps));
     }
-    norm_forward_kernel<T, W, decltype(slots)::value, kC, decltype(block_per_row)::value, kAdd,
-                        decltype(max_threads)::value, decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
-        a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
-        a.rstd, rows, n, static_cast<A>(eps));
     TORCHOPS_CUDA_LAUNCH_CHECK();
   });
 }
