@@ -176,9 +176,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // barrier), and sweep 2 reads it from there, else back from L2 (written with the keep hint; stores do not
 // fill L1). Kept against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32
 // 4096x32768 552 / 550 us in two runs against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536
-// 284 / 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. Blocks of
-// any size up to kStreamMaxThreads. kWeight: whether weight is given (a runtime test per chunk cost 10-30
-// registers, and spills for 16-bit inputs).
+// 284 / 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. f32 rows
+// kept in shared memory read input and residual and write residual_out with no L2 hints (kAddHints): 4%
+// faster than with them, forward alone, one build, us: 8192x16384 522.2 against 545.5, 4096x32768 524.3
+// against 548.4; bf16 rows ran 4% slower without (4096x32768 293.3 against 281.2, 2048x65536 294.9
+// against 284.3), so 16-bit rows keep them. Blocks of any size up to kStreamMaxThreads. kWeight: whether
+// weight is given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
 // 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster
@@ -203,19 +206,34 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
   const int n_chunks = static_cast<int>(n / kC);  // exact: n % kC == 0; 32-bit (n < 2^31, checked at launch)
   const int threads = blockDim.x;
   const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
-  const uint64_t first_read = kAdd ? drop : keep;  // input and residual are read once with kAdd
+  constexpr bool kAddHints = !(kKept && std::is_same_v<T, float>);
+  auto read_once = [&](const T* base, int c) {  // kAdd: input and residual
+    if constexpr (kAddHints) {
+      return load_vector_l2<T, kC>(base, c, drop);
+    } else {
+      return load_vector<T, kC>(base, c);
+    }
+  };
+  auto store_residual_out = [&](T* hr, int c, const Chunk& v) {
+    if constexpr (kAddHints) {
+      store_vector_l2(hr, c, v, kKept ? drop : keep);
+    } else {
+      store_vector<T, kC>(hr, c, v);
+    }
+  };
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * x_row_stride;
     const T* rr = kAdd ? residual + row * residual_row_stride : nullptr;
     T* hr = kAdd ? h_out + row * n : nullptr;
     T* yr = y + row * n;
     auto read = [&](int c) {  // sweep 1's value of chunk c (residual_out with kAdd, which it also stores)
-      Chunk v = load_vector_l2<T, kC>(xr, c, first_read);
       if constexpr (kAdd) {
-        v = add_rounded<A>(v, load_vector_l2<T, kC>(rr, c, drop));
-        store_vector_l2(hr, c, v, kKept ? drop : keep);
+        const Chunk v = add_rounded<A>(read_once(xr, c), read_once(rr, c));
+        store_residual_out(hr, c, v);
+        return v;
+      } else {
+        return load_vector_l2<T, kC>(xr, c, keep);
       }
-      return v;
     };
     // Each sweep takes a thread's chunks c, c + threads, ... in batches of kIn, all of a batch's loads
     // issued before any is used, then the chunks left one at a time.
@@ -226,13 +244,13 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
       if constexpr (kAdd) {
         Chunk o[kIn];
 #pragma unroll
-        for (int k = 0; k < kIn; ++k) v[k] = load_vector_l2<T, kC>(xr, c + k * threads, drop);
+        for (int k = 0; k < kIn; ++k) v[k] = read_once(xr, c + k * threads);
 #pragma unroll
-        for (int k = 0; k < kIn; ++k) o[k] = load_vector_l2<T, kC>(rr, c + k * threads, drop);
+        for (int k = 0; k < kIn; ++k) o[k] = read_once(rr, c + k * threads);
 #pragma unroll
         for (int k = 0; k < kIn; ++k) {
           v[k] = add_rounded<A>(v[k], o[k]);
-          store_vector_l2(hr, c + k * threads, v[k], kKept ? drop : keep);
+          store_residual_out(hr, c + k * threads, v[k]);
           if constexpr (kKept) kept[(j + k) * threads] = v[k];
         }
       } else {
