@@ -1,0 +1,278 @@
+// Tuning experiment for rms_norm's CUDA forward at the long rows where it trails a peer: add_rms_norm bf16
+// 4096x32768 (Liger's one-program-a-row kernel keeps the row in registers and runs 5-6% faster) and rms_norm
+// f32 4096x32768 (torch.compile's looped reduction runs 5% faster). Written apart from the library so that
+// the forms compare on equal terms: one 1024-thread block a row, kPer 16-byte vectors a thread, all of a
+// thread's loads issued before any is used, a block sum (warp shuffles, one value a warp in shared memory).
+// The forms (kMode):
+//   kRegs: the row stays in registers over the row sum (packed 16-bit values, as Liger's Triton kernel);
+//   kSmem: add_rms_norm's shipped form: residual_out kept in shared memory, each thread its own vectors;
+//   kReread: rms_norm's shipped form: the row read again after the row sum (from L1 when it fits).
+// kHints: the shipped L2 hints (the first read of a row read twice "evict last", reads read once, the
+// second read and the stores "evict first"); without: plain accesses.
+// Each time is the median of 30 runs, a 256 MiB memset before each (as triton's do_bench flushes L2),
+// events around the kernel only; "copy" is a device copy of the same bytes timed the same way. Every form's
+// output is compared with a float64 reference on its first and last rows. Build and run on the GPU:
+//   nvcc -ccbin /usr/bin/g++ -O3 -arch=sm_90 -std=c++17 -o /tmp/norm_resident \
+//     benchmarks/history/tuning/norm_forward_resident.cu && /tmp/norm_resident
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <type_traits>
+#include <vector>
+
+#include "cuda_check.h"
+
+enum Mode { kRegs, kSmem, kReread };
+constexpr int kThreads = 1024;
+
+__device__ __forceinline__ uint64_t policy_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t policy_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+template <bool kHint, bool kL1 = true>
+__device__ __forceinline__ uint4 load16(const void* p, uint64_t policy) {
+  uint4 u;
+  if constexpr (!kHint) {
+    u = *reinterpret_cast<const uint4*>(p);
+  } else if constexpr (kL1) {
+    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p), "l"(policy));
+  } else {
+    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p), "l"(policy));
+  }
+  return u;
+}
+
+template <bool kHint>
+__device__ __forceinline__ void store16(void* p, uint4 u, uint64_t policy) {
+  if constexpr (!kHint) {
+    *reinterpret_cast<uint4*>(p) = u;
+  } else {
+    asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(u.x),
+                 "r"(u.y), "r"(u.z), "r"(u.w), "l"(policy)
+                 : "memory");
+  }
+}
+
+// The 16-byte vector's elements as floats, and back (bf16: 8 a vector, rounded to nearest even; f32: 4).
+template <typename T>
+struct Vec;
+template <>
+struct Vec<__nv_bfloat16> {
+  static constexpr int kN = 8;
+  __device__ static float get(const uint4& u, int i) {
+    const uint32_t w = (&u.x)[i / 2];
+    return __uint_as_float(i % 2 ? (w & 0xffff0000u) : (w << 16));
+  }
+  __device__ static void set(uint4& u, int i, float f) {
+    const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    uint32_t& w = (&u.x)[i / 2];
+    w = i % 2 ? ((w & 0xffffu) | (b << 16)) : ((w & 0xffff0000u) | b);
+  }
+};
+template <>
+struct Vec<float> {
+  static constexpr int kN = 4;
+  __device__ static float get(const uint4& u, int i) { return __uint_as_float((&u.x)[i]); }
+  __device__ static void set(uint4& u, int i, float f) { (&u.x)[i] = __float_as_uint(f); }
+};
+
+__device__ __forceinline__ void opaque(uint4& u) {  // keeps a packed vector packed over the row sum
+  asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+}
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = scratch[threadIdx.x % 32];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  return v;
+}
+
+// One row a block; a row of n = kPer * kThreads vectors exactly (the shapes timed here).
+template <typename T, int kPer, bool kAdd, Mode kMode, bool kHints>
+__global__ void __launch_bounds__(kThreads, 1)
+    norm_forward(const T* __restrict__ x, const T* __restrict__ r, const T* __restrict__ w, T* __restrict__ h,
+                 T* __restrict__ y, int n, float eps) {
+  using V = Vec<T>;
+  __shared__ float scratch[32];
+  extern __shared__ uint4 kept[];  // kSmem: this thread's vectors at kept[k * kThreads + threadIdx.x]
+  const uint64_t first = policy_first(), last = policy_last();
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * n;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + base);
+  const uint4* rr = reinterpret_cast<const uint4*>(kAdd ? r + base : nullptr);
+  uint4* hr = reinterpret_cast<uint4*>(kAdd ? h + base : nullptr);
+  uint4* yr = reinterpret_cast<uint4*>(y + base);
+  uint4 v[kPer];
+  float ss = 0.f;
+  if constexpr (kAdd) {
+    uint4 o[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) v[k] = load16<kHints>(xr + k * kThreads + threadIdx.x, first);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) o[k] = load16<kHints>(rr + k * kThreads + threadIdx.x, first);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      uint4 s = {0, 0, 0, 0};
+#pragma unroll
+      for (int i = 0; i < V::kN; ++i) V::set(s, i, V::get(v[k], i) + V::get(o[k], i));
+      v[k] = s;
+      store16<kHints>(hr + k * kThreads + threadIdx.x, s, first);
+      if constexpr (kMode == kSmem) kept[k * kThreads + threadIdx.x] = s;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      v[k] = load16<kHints>(xr + k * kThreads + threadIdx.x, kMode == kReread ? last : first);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+#pragma unroll
+    for (int i = 0; i < V::kN; ++i) {
+      const float f = V::get(v[k], i);
+      ss += f * f;
+    }
+    opaque(v[k]);
+  }
+  const float rs = rsqrtf(block_sum(ss, scratch) / n + eps);
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int c = k * kThreads + threadIdx.x;
+    uint4 a;
+    if constexpr (kMode == kRegs) {
+      a = v[k];
+    } else if constexpr (kMode == kSmem) {
+      a = kept[c];
+    } else {
+      a = load16<kHints, false>(xr + c, first);
+    }
+    const uint4 wv = wr[c];
+    uint4 out = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < V::kN; ++i) V::set(out, i, V::get(a, i) * rs * V::get(wv, i));
+    store16<kHints>(yr + c, out, first);
+  }
+}
+
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+template <typename T>
+float to_float(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return __bfloat162float(v);
+  }
+}
+
+template <typename T, int kPer, bool kAdd>
+void run_shape(int rows) {
+  const int n = kPer * kThreads * Vec<T>::kN;
+  const size_t elems = size_t(rows) * n, bytes = elems * sizeof(T);
+  T *x, *r, *w, *h, *y;
+  CHECK(cudaMalloc(&x, bytes));
+  CHECK(cudaMalloc(&r, bytes));
+  CHECK(cudaMalloc(&h, bytes));
+  CHECK(cudaMalloc(&y, bytes));
+  CHECK(cudaMalloc(&w, n * sizeof(T)));
+  std::vector<T> hx(elems), hr(elems), hw(n);
+  uint32_t s = 12345;
+  auto rnd = [&] { s = s * 1664525u + 1013904223u; return (s >> 8) / float(1 << 24) * 2.f - 1.f; };
+  for (auto& v : hx) v = T(rnd());
+  for (auto& v : hr) v = T(rnd());
+  for (auto& v : hw) v = T(rnd());
+  CHECK(cudaMemcpy(x, hx.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(r, hr.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(w, hw.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  const double moved = double(bytes) * (kAdd ? 4 : 2);
+  // a copy of the same bytes (one tensor in, one out, as many times as the op's tensors pair up)
+  uint4 *cs, *cd;
+  CHECK(cudaMalloc(&cs, size_t(moved / 2)));
+  CHECK(cudaMalloc(&cd, size_t(moved / 2)));
+  const float copy_ms = time_ms_flushed([&] {
+    copy_kernel<<<132 * 8, 512>>>(cs, cd, int64_t(moved / 2 / 16));
+  });
+  printf("%s %s %dx%d: copy of the same bytes %.1f us (%.2f TB/s)\n", kAdd ? "add" : "plain",
+         std::is_same_v<T, float> ? "f32" : "bf16", rows, n, copy_ms * 1e3, moved / copy_ms / 1e9);
+  auto check = [&](const char* name) {
+    double worst = 0;
+    for (int row : {0, rows - 1}) {
+      std::vector<T> out(n);
+      CHECK(cudaMemcpy(out.data(), y + size_t(row) * n, n * sizeof(T), cudaMemcpyDeviceToHost));
+      std::vector<double> hv(n);
+      double ss = 0;
+      for (int i = 0; i < n; ++i) {
+        const size_t k = size_t(row) * n + i;
+        hv[i] = kAdd ? double(to_float(T(to_float(hx[k]) + to_float(hr[k])))) : double(to_float(hx[k]));
+        ss += hv[i] * hv[i];
+      }
+      const double rs = 1.0 / std::sqrt(ss / n + 1e-6);
+      for (int i = 0; i < n; ++i) {
+        const double ref = hv[i] * rs * double(to_float(hw[i]));
+        worst = std::max(worst, std::fabs(double(to_float(out[i])) - ref) / (1.0 + std::fabs(ref)));
+      }
+    }
+    const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-2;
+    if (!(worst <= tol)) {
+      printf("  %s: WRONG, worst error %.3g\n", name, worst);
+      exit(1);
+    }
+  };
+  auto time_form = [&](auto kernel, const char* name, size_t smem) {
+    if (smem > 48 * 1024) CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CHECK(cudaMemset(y, 0xff, bytes));
+    kernel<<<rows, kThreads, smem>>>(x, r, w, h, y, n, 1e-6f);
+    CHECK(cudaDeviceSynchronize());
+    check(name);
+    int regs = 0;
+    cudaFuncAttributes attr;
+    CHECK(cudaFuncGetAttributes(&attr, kernel));
+    regs = attr.numRegs;
+    const float ms = time_ms_flushed([&] { kernel<<<rows, kThreads, smem>>>(x, r, w, h, y, n, 1e-6f); });
+    printf("  %-22s %7.1f us  %5.1f%% of the same-bytes copy  (%d registers, %d spill bytes)\n", name, ms * 1e3,
+           100.0 * copy_ms / ms, regs, int(attr.localSizeBytes));
+  };
+  const size_t row_smem = size_t(kPer) * kThreads * 16;
+  for (int round = 0; round < 2; ++round) {
+    time_form(norm_forward<T, kPer, kAdd, kRegs, false>, "registers, no hints", 0);
+    time_form(norm_forward<T, kPer, kAdd, kRegs, true>, "registers, hints", 0);
+    if constexpr (kAdd) {
+      time_form(norm_forward<T, kPer, kAdd, kSmem, true>, "shared (shipped), hints", row_smem);
+      time_form(norm_forward<T, kPer, kAdd, kSmem, false>, "shared, no hints", row_smem);
+    } else {
+      time_form(norm_forward<T, kPer, kAdd, kReread, true>, "reread (shipped), hints", 0);
+      time_form(norm_forward<T, kPer, kAdd, kReread, false>, "reread, no hints", 0);
+    }
+  }
+  for (void* p : {(void*)x, (void*)r, (void*)w, (void*)h, (void*)y, (void*)cs, (void*)cd}) CHECK(cudaFree(p));
+}
+
+int main() {
+  copy_bytes_per_second();
+  run_shape<__nv_bfloat16, 4, true>(4096);  // add_rms_norm bf16 4096x32768
+  run_shape<float, 4, true>(8192);          // add_rms_norm f32 8192x16384
+  run_shape<float, 8, false>(4096);         // rms_norm f32 4096x32768
+  run_shape<__nv_bfloat16, 4, false>(4096); // rms_norm bf16 4096x32768
+  return 0;
+}
