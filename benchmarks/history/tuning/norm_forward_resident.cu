@@ -14,6 +14,15 @@
 // output is compared with a float64 reference on its first and last rows. Build and run on the GPU:
 //   nvcc -ccbin /usr/bin/g++ -O3 -arch=sm_90 -std=c++17 -o /tmp/norm_resident \
 //     benchmarks/history/tuning/norm_forward_resident.cu && /tmp/norm_resident
+// With -DWITH_LIBRARY it also times the library's own kernel (norm_forward_stream_kernel, shipped launch
+// shape) on the same tensors in the same harness, to tell the harness from the code; it needs torch's headers
+// and c10 (as norm_rows_variants.cu). That part compiles but has not run yet (no device time was left):
+//   nvcc -ccbin /usr/bin/g++ -O3 -arch=sm_90 -std=c++20 --expt-relaxed-constexpr -D__CUDA_NO_HALF_OPERATORS__ \
+//     -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ \
+//     -DWITH_LIBRARY $(python3 -c "from torch.utils.cpp_extension import include_paths as p; print(*('-I' + i for i in p()))") \
+//     -L$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")/lib -lc10 -lc10_cuda \
+//     -Xlinker -rpath=$(python3 -c "import torch, os; print(os.path.dirname(torch.__file__))")/lib \
+//     -o /tmp/norm_resident benchmarks/history/tuning/norm_forward_resident.cu && /tmp/norm_resident
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -24,6 +33,9 @@
 #include <vector>
 
 #include "cuda_check.h"
+#ifdef WITH_LIBRARY
+#include "../../../csrc/cuda/rms_norm_forward.cuh"
+#endif
 
 enum Mode { kRegs, kSmem, kReread };
 constexpr int kThreads = 1024;
@@ -186,6 +198,15 @@ float to_float(T v) {
   }
 }
 
+template <typename T>
+T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return __float2bfloat16_rn(v);
+  }
+}
+
 template <typename T, int kPer, bool kAdd>
 void run_shape(int rows) {
   const int n = kPer * kThreads * Vec<T>::kN;
@@ -199,9 +220,9 @@ void run_shape(int rows) {
   std::vector<T> hx(elems), hr(elems), hw(n);
   uint32_t s = 12345;
   auto rnd = [&] { s = s * 1664525u + 1013904223u; return (s >> 8) / float(1 << 24) * 2.f - 1.f; };
-  for (auto& v : hx) v = T(rnd());
-  for (auto& v : hr) v = T(rnd());
-  for (auto& v : hw) v = T(rnd());
+  for (auto& v : hx) v = from_float<T>(rnd());
+  for (auto& v : hr) v = from_float<T>(rnd());
+  for (auto& v : hw) v = from_float<T>(rnd());
   CHECK(cudaMemcpy(x, hx.data(), bytes, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(r, hr.data(), bytes, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(w, hw.data(), n * sizeof(T), cudaMemcpyHostToDevice));
@@ -224,7 +245,7 @@ void run_shape(int rows) {
       double ss = 0;
       for (int i = 0; i < n; ++i) {
         const size_t k = size_t(row) * n + i;
-        hv[i] = kAdd ? double(to_float(T(to_float(hx[k]) + to_float(hr[k])))) : double(to_float(hx[k]));
+        hv[i] = kAdd ? double(to_float(from_float<T>(to_float(hx[k]) + to_float(hr[k])))) : double(to_float(hx[k]));
         ss += hv[i] * hv[i];
       }
       const double rs = 1.0 / std::sqrt(ss / n + 1e-6);
@@ -254,7 +275,37 @@ void run_shape(int rows) {
            100.0 * copy_ms / ms, regs, int(attr.localSizeBytes));
   };
   const size_t row_smem = size_t(kPer) * kThreads * 16;
+#ifdef WITH_LIBRARY
+  // The library's kernel at the shape its launch picks for these rows (1024 threads; add_rms_norm keeps
+  // residual_out in shared memory), with the weight, offset 0, rstd written.
+  using L = std::conditional_t<std::is_same_v<T, float>, float, c10::BFloat16>;
+  constexpr int kC = 16 / sizeof(T);
+  float* rstd;
+  CHECK(cudaMalloc(&rstd, rows * sizeof(float)));
+  auto library = [&] {
+    auto kernel = torchops::rms_norm_kernels::norm_forward_stream_kernel<L, L, kC, kAdd, true, kAdd>;
+    const size_t smem = kAdd ? row_smem : 0;
+    if (smem > 48 * 1024) CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    auto launch = [&] {
+      kernel<<<rows, kThreads, smem>>>(reinterpret_cast<const L*>(x), n, reinterpret_cast<const L*>(r), n,
+                                       reinterpret_cast<L*>(h), reinterpret_cast<const L*>(w), 0.f,
+                                       reinterpret_cast<L*>(y), rstd, rows, n, 1e-6f);
+    };
+    CHECK(cudaMemset(y, 0xff, bytes));
+    launch();
+    CHECK(cudaDeviceSynchronize());
+    check("library");
+    cudaFuncAttributes attr;
+    CHECK(cudaFuncGetAttributes(&attr, kernel));
+    const float ms = time_ms_flushed(launch);
+    printf("  %-22s %7.1f us  %5.1f%% of the same-bytes copy  (%d registers, %d spill bytes)\n", "library kernel",
+           ms * 1e3, 100.0 * copy_ms / ms, attr.numRegs, int(attr.localSizeBytes));
+  };
+#endif
   for (int round = 0; round < 2; ++round) {
+#ifdef WITH_LIBRARY
+    library();
+#endif
     time_form(norm_forward<T, kPer, kAdd, kRegs, false>, "registers, no hints", 0);
     time_form(norm_forward<T, kPer, kAdd, kRegs, true>, "registers, hints", 0);
     if constexpr (kAdd) {
@@ -265,6 +316,9 @@ void run_shape(int rows) {
       time_form(norm_forward<T, kPer, kAdd, kReread, false>, "reread, no hints", 0);
     }
   }
+#ifdef WITH_LIBRARY
+  CHECK(cudaFree(rstd));
+#endif
   for (void* p : {(void*)x, (void*)r, (void*)w, (void*)h, (void*)y, (void*)cs, (void*)cd}) CHECK(cudaFree(p));
 }
 
