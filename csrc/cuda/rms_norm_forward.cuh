@@ -403,6 +403,17 @@ struct ForwardArgs {
   opmath_t<T>* rstd;
 };
 
+// Launches a forward kernel: they all take one launch's pointers, offset and eps in the same order.
+template <typename T, typename W, typename... Params>
+void launch_forward_kernel(void (*kernel)(Params...), unsigned int blocks, int threads, size_t smem,
+                           cudaStream_t stream, const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps,
+                           double offset) {
+  using A = opmath_t<T>;
+  kernel<<<blocks, threads, smem, stream>>>(a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight,
+                                            static_cast<A>(offset), a.y, a.rstd, rows, n, static_cast<A>(eps));
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
 // add_rms_norm keeps two rows' worth in sweep 1 (input and residual): at 8 units a thread ptxas spilled
 // ~400 bytes a thread, and its forward ran at ~60% of copy bandwidth.
 struct AddForwardShapes {
@@ -451,7 +462,6 @@ template <typename T, typename W, int kC, bool kAdd>
 void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
                     cudaStream_t stream) {
   using Shapes = std::conditional_t<kAdd, AddForwardShapes, ForwardShapes>;
-  using A = opmath_t<T>;
   // The kernels' column loops step a 32-bit index by up to kStreamInFlight blocks of threads: it must not wrap.
   constexpr int64_t kMaxStep = int64_t{1} << 16;
   static_assert(int64_t{kStreamMaxThreads} * kStreamInFlight * kC <= kMaxStep, "a step of the column loops");
@@ -481,34 +491,28 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
         threads = kStreamMaxThreads;
       }
       allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
-      kernel<<<blocks_to_cover(rows, 1), threads, smem, stream>>>(
-          a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
-          a.rstd, rows, n, static_cast<A>(eps));
-      TORCHOPS_CUDA_LAUNCH_CHECK();
+      launch_forward_kernel(kernel, blocks_to_cover(rows, 1), threads, smem, stream, a, rows, n, eps, offset);
       return;
     }
   }
   const RowConfig cfg = row_config<T, Shapes, kC>(n);
-  const unsigned int blocks = blocks_to_cover(rows, cfg.rows_per_block());
   with_row_shape<T, kC, Shapes>(cfg, [&](auto slots, auto block_per_row, auto max_threads, auto min_blocks) {
     constexpr int kSlots = decltype(slots)::value;
     constexpr bool kPairs = kC > 1 && !decltype(block_per_row)::value && kWarpPairs<kSlots, kAdd>;
     if constexpr (kPairs) {
-      norm_forward_warp_pair_kernel<T, W, kSlots, kC, kAdd>
-          <<<blocks_to_cover(rows, 2 * cfg.rows_per_block()), cfg.threads, 0, stream>>>(
-              a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
-              a.rstd, rows, n, static_cast<A>(eps));
+      launch_forward_kernel(norm_forward_warp_pair_kernel<T, W, kSlots, kC, kAdd>,
+                            blocks_to_cover(rows, 2 * cfg.rows_per_block()), cfg.threads, 0, stream, a, rows, n, eps,
+                            offset);
     } else if constexpr (kC > 1 && !kAdd) {
       // Plain rows of vectors get here under 128 vectors only (the rest stream: stream_threads), which are
       // warp rows of up to 4 vectors a lane, all in pairs: no kernel is instantiated for the other shapes.
       TORCH_INTERNAL_ASSERT(false, "rms_norm: no forward kernel for rows of ", n, " elements");
     } else {
-      norm_forward_kernel<T, W, kSlots, kC, decltype(block_per_row)::value, kAdd, decltype(max_threads)::value,
-                          decltype(min_blocks)::value><<<blocks, cfg.threads, 0, stream>>>(
-          a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y,
-          a.rstd, rows, n, static_cast<A>(eps));
+      launch_forward_kernel(norm_forward_kernel<T, W, kSlots, kC, decltype(block_per_row)::value, kAdd,
+                                                decltype(max_threads)::value, decltype(min_blocks)::value>,
+                            blocks_to_cover(rows, cfg.rows_per_block()), cfg.threads, 0, stream, a, rows, n, eps,
+                            offset);
     }
-    TORCHOPS_CUDA_LAUNCH_CHECK();
   });
 }
 
