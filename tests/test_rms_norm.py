@@ -397,7 +397,9 @@ def _dweight_rtol(dtype: torch.dtype) -> float:
 # blocks, sized 4 vectors a thread up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to
 # 4096 vectors (16392) unless the rows in flight overflow L1 (16-bit with a weight at 32768: 1024), 1024 past
 # them (32776); add_rms_norm's from past its 2048 kept vectors (16-bit 16392, f32 8196), residual_out kept in
-# shared memory up to 14336 vectors (16-bit 131072, f32 65536: read back from L2). Shorter warp rows of whole
+# shared memory up to 14336 vectors (16-bit 131072, f32 65536: read back from L2). Rows of exactly 8 vectors a
+# thread (f32 16384 and 32768, 16-bit 32768 and 65536; add_rms_norm's also 4: f32 16384, 16-bit 32768) take
+# the straight-line stream kernel. Shorter warp rows of whole
 # vectors go two to a warp up to 4 vectors a lane (16-bit N <= 1016, f32 508, f64 254; add_rms_norm up to 1:
 # 256, 128, 64), 37 rows leaving the last warp one.
 _CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1016, 1024, 1025, 1032, 2040, 2048, 2056, 4096, 4104,
@@ -546,10 +548,11 @@ def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
 def test_cuda_long_rows_forward_many_rows(dtype: torch.dtype) -> None:
     # The forward's long rows (stream blocks, a row per block at a time; add_rms_norm's keep residual_out's
     # row in shared memory, each thread its own chunks, and read it back from L2 where it does not fit):
-    # more rows than blocks, rows whose chunks do not divide evenly over the threads, plain rms_norm and
-    # add_rms_norm, with and without the weight and its offset, rstd included.
+    # more rows than blocks, rows whose chunks do not divide evenly over the threads or are exactly 4 or 8 a
+    # thread (the straight-line kernel: 4096 and 8192 vectors), plain rms_norm and add_rms_norm, with and
+    # without the weight and its offset, rstd included.
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
-    for n_vectors, rows in ((2049, 600), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
+    for n_vectors, rows in ((2049, 600), (4096, 300), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
         n = n_vectors * per_vector
         x, r = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
         for w in (random_tensor((n,), dtype, "cuda"), None):

@@ -180,7 +180,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // kept in shared memory read input and residual and write residual_out with no L2 hints (kAddHints): 4%
 // faster than with them, forward alone, one build, us: 8192x16384 522.2 against 545.5, 4096x32768 524.3
 // against 548.4; bf16 rows ran 4% slower without (4096x32768 293.3 against 281.2, 2048x65536 294.9
-// against 284.3), so 16-bit rows keep them. Blocks of any size up to kStreamMaxThreads. kWeight: whether
+// against 284.3), so 16-bit rows keep them in the loop kernel (kPer = 0; the kPer kernel below drops them
+// for every dtype). Blocks of any size up to kStreamMaxThreads. kWeight: whether
 // weight is given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
@@ -189,8 +190,19 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 constexpr int kStreamMaxThreads = 1024;
 constexpr int kStreamInFlight = 4;
 
-template <typename T, typename W, int kC, bool kAdd, bool kWeight, bool kKept>
-__global__ void __launch_bounds__(kStreamMaxThreads)
+// kPer > 0: rows of exactly kPer vectors a thread (stream_vectors_per_thread), every sweep a fixed number of
+// batches with no loop bounds or tails: between a row's loads and its stores (one or two blocks an SM) every
+// instruction is on the critical path. add_rms_norm's kPer rows (residual_out always kept) read input and
+// residual and write residual_out without L2 hints. __launch_bounds__'s minimum of one block an SM lets ptxas
+// use up to 64 registers: without it the kPer kernels took 50-51 and ran f32 4096x32768 at 266-269 us
+// against 256 (separate builds); the loop kernel keeps ptxas's own choice (32-46 registers; with the minimum
+// it took 56-60 and ran 1-3% slower). Against the loop kernel, forward alone through the op, one build,
+// three interleaved do_bench rounds, us (history/log.md, "a tenth session"): rms_norm f32 4096x32768 256.0
+// against 271.2 (torch.compile 256.5), bf16 2048x65536 132.8 against 148.9, bf16 4096x32768 (512 threads)
+// 131.2 against 132.1; add_rms_norm bf16 4096x32768 262.0 against 278.9 (Liger 263.4), bf16 2048x65536
+// 266.8 against 284.2, f32 8192x16384 513.0 against 521.2, f32 4096x32768 521.4 against 525.9.
+template <typename T, typename W, int kC, bool kAdd, bool kWeight, bool kKept, int kPer = 0>
+__global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
     norm_forward_stream_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                                int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
                                opmath_t<T> offset, T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows,
@@ -199,14 +211,19 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
   using S = RowSum<T>;
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
-  constexpr int kIn = kStreamInFlight;
+  // sweep 1's batch: with kPer, all of a plain row's vectors at once (add_rms_norm's two inputs: 4 and 4)
+  constexpr int kIn = kPer > 0 && !kAdd ? kPer : kStreamInFlight;
+  static_assert(kPer % kIn == 0 && kPer % kStreamInFlight == 0, "whole batches");
+  static_assert(kPer == 0 || !kAdd || kKept, "add_rms_norm's kPer rows keep residual_out");
   __shared__ S scratch[kWarpSize];
   extern __shared__ __align__(16) unsigned char stream_smem[];
   Chunk* kept = reinterpret_cast<Chunk*>(stream_smem) + threadIdx.x;  // kKept: residual_out (see above)
   const int n_chunks = static_cast<int>(n / kC);  // exact: n % kC == 0; 32-bit (n < 2^31, checked at launch)
-  const int threads = blockDim.x;
+  // add_rms_norm's blocks are all kStreamMaxThreads threads: a constant stride lets the kPer kernel address
+  // its vectors at fixed offsets from one pointer (add f32 4096x32768 520.8 us against 526.0)
+  const int threads = kAdd && kPer > 0 ? kStreamMaxThreads : static_cast<int>(blockDim.x);
   const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
-  constexpr bool kAddHints = !(kKept && std::is_same_v<T, float>);
+  constexpr bool kAddHints = !(kKept && (std::is_same_v<T, float> || kPer > 0));
   auto read_once = [&](const T* base, int c) {  // kAdd: input and residual
     if constexpr (kAddHints) {
       return load_vector_l2<T, kC>(base, c, drop);
@@ -235,11 +252,10 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
         return load_vector_l2<T, kC>(xr, c, keep);
       }
     };
-    // Each sweep takes a thread's chunks c, c + threads, ... in batches of kIn, all of a batch's loads
-    // issued before any is used, then the chunks left one at a time.
+    // Sweep 1 over chunks c, c + threads, ..., c + (kIn - 1) * threads (the j-th to j + kIn - 1-th of this
+    // thread's), all loads issued before any is used.
     S ss = 0;
-    int c = threadIdx.x, j = 0;
-    for (; c + (kIn - 1) * threads < n_chunks; c += kIn * threads, j += kIn) {
+    auto sweep1_batch = [&](int c, int j) {
       Chunk v[kIn];
       if constexpr (kAdd) {
         Chunk o[kIn];
@@ -259,11 +275,20 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
       }
 #pragma unroll
       for (int k = 0; k < kIn; ++k) ss += chunk_squares<A>(v[k]);
-    }
-    for (; c < n_chunks; c += threads, ++j) {
-      const Chunk v = read(c);
-      if constexpr (kKept) kept[j * threads] = v;
-      ss += chunk_squares<A>(v);
+    };
+    // Each sweep takes a thread's chunks c, c + threads, ... in batches, then (kPer = 0) the chunks left one
+    // at a time.
+    int c = threadIdx.x, j = 0;
+    if constexpr (kPer > 0) {
+#pragma unroll
+      for (int b = 0; b < kPer / kIn; ++b) sweep1_batch(c + b * kIn * threads, b * kIn);
+    } else {
+      for (; c + (kIn - 1) * threads < n_chunks; c += kIn * threads, j += kIn) sweep1_batch(c, j);
+      for (; c < n_chunks; c += threads, ++j) {
+        const Chunk v = read(c);
+        if constexpr (kKept) kept[j * threads] = v;
+        ss += chunk_squares<A>(v);
+      }
     }
     ss = row_sum<true>(ss, scratch);
     const A r = inverse_rms(ss, n, eps);
@@ -272,22 +297,33 @@ __global__ void __launch_bounds__(kStreamMaxThreads)
     auto write = [&](int c, const Chunk& v, const WChunk& w) {
       store_vector_l2(yr, c, kWeight ? normalize(v, w, r, offset) : normalize(v, r), drop);
     };
-    c = threadIdx.x;
-    j = 0;
-    for (; c + (kIn - 1) * threads < n_chunks; c += kIn * threads, j += kIn) {
-      Chunk v[kIn];
-      WChunk w[kIn];
+    auto sweep2_batch = [&](int c, int j) {
+      constexpr int kOut = kStreamInFlight;
+      Chunk v[kOut];
+      WChunk w[kOut];
 #pragma unroll
-      for (int k = 0; k < kIn; ++k) {
+      for (int k = 0; k < kOut; ++k) {
         v[k] = kKept ? kept[(j + k) * threads] : load_vector_l2<T, kC, false>(again, c + k * threads, drop);
         if constexpr (kWeight) w[k] = load_vector<W, kC>(weight, c + k * threads);
       }
 #pragma unroll
-      for (int k = 0; k < kIn; ++k) write(c + k * threads, v[k], w[k]);
-    }
-    for (; c < n_chunks; c += threads, ++j) {
-      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
-      write(c, v, kWeight ? load_vector<W, kC>(weight, c) : WChunk{});
+      for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k]);
+    };
+    c = threadIdx.x;
+    j = 0;
+    if constexpr (kPer > 0) {
+#pragma unroll
+      for (int b = 0; b < kPer / kStreamInFlight; ++b) {
+        sweep2_batch(c + b * kStreamInFlight * threads, b * kStreamInFlight);
+      }
+    } else {
+      for (; c + (kStreamInFlight - 1) * threads < n_chunks; c += kStreamInFlight * threads, j += kStreamInFlight) {
+        sweep2_batch(c, j);
+      }
+      for (; c < n_chunks; c += threads, ++j) {
+        const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
+        write(c, v, kWeight ? load_vector<W, kC>(weight, c) : WChunk{});
+      }
     }
   }
 }
@@ -458,6 +494,48 @@ bool stream_fits_l1(Kernel kernel, OccupancyCache& occupancy, int device, int th
   return resident * row_bytes <= kStreamL1Bytes;
 }
 
+// The kPer of norm_forward_stream_kernel for rows of `chunks` vectors in `threads`-thread blocks, else 0:
+// add_rms_norm's rows kept in shared memory of exactly 4 or 8 vectors a thread, plain rows of exactly 8.
+// Plain rows of 4 (blocks of 32-512 threads) stay on the loop kernel: its 32-46 registers keep more blocks
+// an SM, and the straight-line kernel at 4 lost up to 9% (bf16 4096x2048 13.5 us against 12.4, 8192x16384
+// 138.6 against 130.5) for at most 1.3% gained elsewhere (bf16 16384x8192 129.0 against 130.7).
+template <bool kAdd>
+int stream_vectors_per_thread(int64_t chunks, int threads, bool kept) {
+  if (chunks % threads != 0) return 0;
+  const int64_t per = chunks / threads;
+  if constexpr (kAdd) {
+    // the kernel takes its blocks to be kStreamMaxThreads threads (stream_threads' only size for kAdd)
+    return kept && threads == kStreamMaxThreads && (per == 4 || per == 8) ? static_cast<int>(per) : 0;
+  } else {
+    return per == 8 ? 8 : 0;
+  }
+}
+
+template <typename T, typename W, int kC, bool kAdd, bool kWeight, bool kKept>
+auto stream_kernel_for(int per) {
+  if constexpr (kAdd && kKept) {
+    if (per == 4) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, kKept, 4>;
+  }
+  if constexpr (!kAdd || kKept) {
+    if (per == 8) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, kKept, 8>;
+  }
+  return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, kKept, 0>;
+}
+
+// The stream kernel for a launch: weight given or not, residual_out kept in shared memory (kAdd) or not, and
+// stream_vectors_per_thread's kPer.
+template <typename T, typename W, int kC, bool kAdd>
+auto stream_kernel(bool weighted, bool kept, int per) {
+  if constexpr (kAdd) {
+    if (kept) {
+      return weighted ? stream_kernel_for<T, W, kC, kAdd, true, true>(per)
+                      : stream_kernel_for<T, W, kC, kAdd, false, true>(per);
+    }
+  }
+  return weighted ? stream_kernel_for<T, W, kC, kAdd, true, false>(per)
+                  : stream_kernel_for<T, W, kC, kAdd, false, false>(per);
+}
+
 template <typename T, typename W, int kC, bool kAdd>
 void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps, double offset,
                     cudaStream_t stream) {
@@ -477,18 +555,18 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
       const size_t row_smem = static_cast<size_t>((n / kC + threads - 1) / threads) * threads * kVectorBytes;
       const bool kept = kAdd && row_smem <= row_kernel_smem_limit<T>(device);
       const size_t smem = kept ? row_smem : 0;
-      auto kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true, false>
-                             : norm_forward_stream_kernel<T, W, kC, kAdd, false, false>;
-      if constexpr (kAdd) {
-        if (kept) {
-          kernel = weighted ? norm_forward_stream_kernel<T, W, kC, kAdd, true, true>
-                            : norm_forward_stream_kernel<T, W, kC, kAdd, false, true>;
-        }
-      }
-      static OccupancyCache occupancy[2];  // the plain kernels
+      const int64_t chunks = n / kC;
+      auto kernel_for = [&](int block_threads) {
+        const int per = stream_vectors_per_thread<kAdd>(chunks, block_threads, kept);
+        return stream_kernel<T, W, kC, kAdd>(weighted, kept, per);
+      };
+      auto kernel = kernel_for(threads);
+      static OccupancyCache occupancy[2][2];  // the plain kernels: [weighted][kPer / 8]
       if (threads < kStreamMaxThreads &&
-          !stream_fits_l1(kernel, occupancy[weighted], device, threads, n * static_cast<int64_t>(sizeof(T)))) {
+          !stream_fits_l1(kernel, occupancy[weighted][stream_vectors_per_thread<kAdd>(chunks, threads, kept) / 8],
+                          device, threads, n * static_cast<int64_t>(sizeof(T)))) {
         threads = kStreamMaxThreads;
+        kernel = kernel_for(threads);
       }
       allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
       launch_forward_kernel(kernel, blocks_to_cover(rows, 1), threads, smem, stream, a, rows, n, eps, offset);
