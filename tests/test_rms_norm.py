@@ -399,9 +399,8 @@ def _dweight_rtol(dtype: torch.dtype) -> float:
 # them (32776); add_rms_norm's from past its 2048 kept vectors (16-bit 16392, f32 8196), residual_out kept in
 # shared memory up to 14336 vectors (16-bit 131072, f32 65536: read back from L2). Rows of exactly 8 vectors a
 # thread (f32 16384 and 32768, 16-bit 32768 and 65536; add_rms_norm's also 4: f32 16384, 16-bit 32768) take
-# the straight-line stream kernel. Shorter warp rows of whole
-# vectors go two to a warp up to 4 vectors a lane (16-bit N <= 1016, f32 508, f64 254; add_rms_norm up to 1:
-# 256, 128, 64), 37 rows leaving the last warp one.
+# the straight-line stream kernel. Shorter warp rows of whole vectors go two to a warp up to 4 vectors a lane
+# (16-bit N <= 1016, f32 508, f64 254; add_rms_norm up to 1: 256, 128, 64), 37 rows leaving the last warp one.
 _CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1016, 1024, 1025, 1032, 2040, 2048, 2056, 4096, 4104,
             8192 + 3, 8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
 

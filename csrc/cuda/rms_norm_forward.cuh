@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // faster than with them, forward alone, one build, us: 8192x16384 522.2 against 545.5, 4096x32768 524.3
 // against 548.4; bf16 rows ran 4% slower without (4096x32768 293.3 against 281.2, 2048x65536 294.9
 // against 284.3), so 16-bit rows keep them in the loop kernel (kPer = 0; the kPer kernel below drops them
-// for every dtype). Blocks of any size up to kStreamMaxThreads. kWeight: whether
-// weight is given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
+// for every dtype). Blocks of any size up to kStreamMaxThreads. kWeight: whether weight is given (a
+// runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
 // 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster
@@ -546,27 +546,24 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
   TORCH_CHECK(n < (int64_t{1} << 31) - kMaxStep,
               "rms_norm: rows of 2^31 - 2^16 elements or more are not supported on CUDA, got ", n);
   if constexpr (kC > 1) {
-    int threads = stream_threads<kAdd>(n / kC);
+    const int64_t chunks = n / kC;
+    int threads = stream_threads<kAdd>(chunks);
     if (threads > 0) {
       const int device = c10::cuda::current_device();
       const bool weighted = a.weight != nullptr;
       // kAdd: residual_out's row kept in shared memory where it fits (kAdd's blocks are kStreamMaxThreads
       // threads: not resized below)
-      const size_t row_smem = static_cast<size_t>((n / kC + threads - 1) / threads) * threads * kVectorBytes;
+      const size_t row_smem = static_cast<size_t>((chunks + threads - 1) / threads) * threads * kVectorBytes;
       const bool kept = kAdd && row_smem <= row_kernel_smem_limit<T>(device);
       const size_t smem = kept ? row_smem : 0;
-      const int64_t chunks = n / kC;
-      auto kernel_for = [&](int block_threads) {
-        const int per = stream_vectors_per_thread<kAdd>(chunks, block_threads, kept);
-        return stream_kernel<T, W, kC, kAdd>(weighted, kept, per);
-      };
-      auto kernel = kernel_for(threads);
+      int per = stream_vectors_per_thread<kAdd>(chunks, threads, kept);
+      auto kernel = stream_kernel<T, W, kC, kAdd>(weighted, kept, per);
       static OccupancyCache occupancy[2][2];  // the plain kernels: [weighted][kPer / 8]
       if (threads < kStreamMaxThreads &&
-          !stream_fits_l1(kernel, occupancy[weighted][stream_vectors_per_thread<kAdd>(chunks, threads, kept) / 8],
-                          device, threads, n * static_cast<int64_t>(sizeof(T)))) {
+          !stream_fits_l1(kernel, occupancy[weighted][per / 8], device, threads, n * static_cast<int64_t>(sizeof(T)))) {
         threads = kStreamMaxThreads;
-        kernel = kernel_for(threads);
+        per = stream_vectors_per_thread<kAdd>(chunks, threads, kept);
+        kernel = stream_kernel<T, W, kC, kAdd>(weighted, kept, per);
       }
       allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
       launch_forward_kernel(kernel, blocks_to_cover(rows, 1), threads, smem, stream, a, rows, n, eps, offset);
