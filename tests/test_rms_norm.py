@@ -396,13 +396,15 @@ def _dweight_rtol(dtype: torch.dtype) -> float:
 # 16-byte vectors from 128 vectors up (16-bit N >= 1024, f32 512, f64 256; 1016: 127 vectors) take the stream
 # blocks, sized 4 vectors a thread up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to
 # 4096 vectors (16392) unless the rows in flight overflow L1 (16-bit with a weight at 32768: 1024), 1024 past
-# them (32776); add_rms_norm's from past its 2048 kept vectors (16-bit 16392, f32 8196), residual_out kept in
+# them (32776); add_rms_norm's from its 2048 vectors (16-bit 16384, f32 8192, f64 4096), residual_out kept in
 # shared memory up to 14336 vectors (16-bit 131072, f32 65536: read back from L2). Rows of exactly 8 vectors a
 # thread (f32 16384 and 32768, 16-bit 32768 and 65536; add_rms_norm's also 4: f32 16384, 16-bit 32768) take
-# the straight-line stream kernel. Shorter warp rows of whole vectors go two to a warp up to 4 vectors a lane
+# the straight-line stream kernel, and so do add_rms_norm's rows of exactly 2 (2048 vectors) and its rows of
+# exactly 128 or 256 vectors (16-bit 1024 / 2048, f32 512 / 1024, f64 256 / 512: blocks of 32 or 64 threads),
+# residual_out in registers. Shorter warp rows of whole vectors go two to a warp up to 4 vectors a lane
 # (16-bit N <= 1016, f32 508, f64 254; add_rms_norm up to 1: 256, 128, 64), 37 rows leaving the last warp one.
 _CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1016, 1024, 1025, 1032, 2040, 2048, 2056, 4096, 4104,
-            8192 + 3, 8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
+            8192, 8192 + 3, 8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
 
 
 @requires_cuda
@@ -547,11 +549,13 @@ def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
 def test_cuda_long_rows_forward_many_rows(dtype: torch.dtype) -> None:
     # The forward's long rows (stream blocks, a row per block at a time; add_rms_norm's keep residual_out's
     # row in shared memory, each thread its own chunks, and read it back from L2 where it does not fit):
-    # more rows than blocks, rows whose chunks do not divide evenly over the threads or are exactly 4 or 8 a
-    # thread (the straight-line kernel: 4096 and 8192 vectors), plain rms_norm and add_rms_norm, with and
+    # more rows than blocks, rows whose chunks do not divide evenly over the threads or are exactly 2, 4 or 8
+    # a thread (the straight-line kernel: 2048, 4096 and 8192 vectors; add_rms_norm's 2 and its small blocks
+    # of 128 and 256 vectors keep residual_out in registers), plain rms_norm and add_rms_norm, with and
     # without the weight and its offset, rstd included.
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
-    for n_vectors, rows in ((2049, 600), (4096, 300), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
+    for n_vectors, rows in ((128, 5000), (256, 3000), (2048, 600), (2049, 600), (4096, 300), (4100, 300), (6001, 200),
+                            (8192, 100), (16384, 40)):
         n = n_vectors * per_vector
         x, r = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
         for w in (random_tensor((n,), dtype, "cuda"), None):

@@ -166,34 +166,39 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   }
 }
 
-// Stream rows: a block per row keeping nothing in registers, for rows of 16-byte vectors (kC = T's vector
-// width) from stream_threads' sizes up. Sweep 1 reads the row (kInFlight vectors a thread in flight) and sums
-// its squares; sweep 2 reads it again and writes the output. Sweep 1's reads ask L2 to keep the lines and
-// allocate in L1, so sweep 2 finds the row in L1 when the rows in flight on an SM fit it (stream_threads
-// sizes the blocks for that), else in L2; sweep 2's reads and the stores ask L2 to drop their lines first.
-// kAdd: sweep 1 reads input and residual once (drop) and writes residual_out; with kKept it keeps
-// residual_out in shared memory too, each thread its own chunks (its j-th at kept[j * threads]: no
-// barrier), and sweep 2 reads it from there, else back from L2 (written with the keep hint; stores do not
-// fill L1). Kept against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32
-// 4096x32768 552 / 550 us in two runs against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536
-// 284 / 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. f32 rows
-// kept in shared memory read input and residual and write residual_out with no L2 hints (kAddHints): 4%
-// faster than with them, forward alone, one build, us: 8192x16384 522.2 against 545.5, 4096x32768 524.3
-// against 548.4; bf16 rows ran 4% slower without (4096x32768 293.3 against 281.2, 2048x65536 294.9
-// against 284.3), so 16-bit rows keep them in the loop kernel (kPer = 0; the kPer kernel below drops them
-// for every dtype). Blocks of any size up to kStreamMaxThreads. kWeight: whether weight is given (a
-// runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
+// Stream rows: a block per row keeping nothing in registers between its two sweeps (but add_rms_norm's
+// Keep::kRegisters below), for rows of 16-byte vectors (kC = T's vector width) from stream_threads' sizes up.
+// Sweep 1 reads the row (kInFlight vectors a thread in flight) and sums its squares; sweep 2 reads it again
+// and writes the output. Sweep 1's reads ask L2 to keep the lines and allocate in L1, so sweep 2 finds the row
+// in L1 when the rows in flight on an SM fit it (stream_threads sizes the blocks for that), else in L2; sweep
+// 2's reads and the stores ask L2 to drop their lines first. kAdd: sweep 1 reads input and residual once
+// (drop) and writes residual_out; with Keep::kShared it keeps residual_out in shared memory too, each thread
+// its own chunks (its j-th at kept[j * threads]: no barrier), with Keep::kRegisters in registers (kPer kernels
+// only), and sweep 2 reads it from there, else (Keep::kReadBack) back from L2 (written with the keep hint;
+// stores do not fill L1). Kept against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward):
+// f32 4096x32768 552 / 550 us in two runs against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536 284 /
+// 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. f32 rows kept in
+// shared memory read input and residual and write residual_out with no L2 hints (kAddHints): 4% faster than
+// with them, forward alone, one build, us: 8192x16384 522.2 against 545.5, 4096x32768 524.3 against 548.4;
+// bf16 rows ran 4% slower without (4096x32768 293.3 against 281.2, 2048x65536 294.9 against 284.3), so 16-bit
+// rows keep them in the loop kernel (kPer = 0; the kPer kernel below drops them for every dtype). Blocks of
+// any size up to kStreamMaxThreads. kWeight: whether weight is given (a runtime test per chunk cost 10-30
+// registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
-// 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster
-// at rows longer than its kept units, slower at shorter ones (where it keeps the kept blocks).
+// 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster at rows
+// longer than its kept units, slower at shorter ones (where it keeps the kept blocks).
 constexpr int kStreamMaxThreads = 1024;
 constexpr int kStreamInFlight = 4;
 
-// kPer > 0: rows of exactly kPer vectors a thread (stream_vectors_per_thread), every sweep a fixed number of
-// batches with no loop bounds or tails: between a row's loads and its stores (one or two blocks an SM) every
-// instruction is on the critical path. add_rms_norm's kPer rows (residual_out always kept) read input and
-// residual and write residual_out without L2 hints. __launch_bounds__'s minimum of one block an SM lets ptxas
+// Where the stream kernel finds a row's values for sweep 2: read again (rms_norm: the input, from L1 or L2;
+// add_rms_norm: residual_out, from L2), or add_rms_norm's residual_out kept in shared memory or registers.
+enum class Keep { kReadBack, kShared, kRegisters };
+
+// kPer > 0: rows of exactly kPer vectors a thread (stream_rows), every sweep a fixed number of batches with
+// no loop bounds or tails: between a row's loads and its stores (one or two blocks an SM) every instruction
+// is on the critical path. add_rms_norm's kPer rows (residual_out always kept) read input and residual and
+// write residual_out without L2 hints. __launch_bounds__'s minimum of one block an SM lets ptxas
 // use up to 64 registers: without it the kPer kernels took 50-51 and ran f32 4096x32768 at 266-269 us
 // against 256 (separate builds); the loop kernel keeps ptxas's own choice (32-46 registers; with the minimum
 // it took 56-60 and ran 1-3% slower). Against the loop kernel, forward alone through the op, one build,
@@ -201,7 +206,7 @@ constexpr int kStreamInFlight = 4;
 // against 271.2 (torch.compile 256.5), bf16 2048x65536 132.8 against 148.9, bf16 4096x32768 (512 threads)
 // 131.2 against 132.1; add_rms_norm bf16 4096x32768 262.0 against 278.9 (Liger 263.4), bf16 2048x65536
 // 266.8 against 284.2, f32 8192x16384 513.0 against 521.2, f32 4096x32768 521.4 against 525.9.
-template <typename T, typename W, int kC, bool kAdd, bool kWeight, bool kKept, int kPer = 0>
+template <typename T, typename W, int kC, bool kAdd, bool kWeight, Keep kKeep, int kPer = 0, int kThreads = 0>
 __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
     norm_forward_stream_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                                int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
@@ -211,19 +216,23 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
   using S = RowSum<T>;
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
-  // sweep 1's batch: with kPer, all of a plain row's vectors at once (add_rms_norm's two inputs: 4 and 4)
-  constexpr int kIn = kPer > 0 && !kAdd ? kPer : kStreamInFlight;
-  static_assert(kPer % kIn == 0 && kPer % kStreamInFlight == 0, "whole batches");
-  static_assert(kPer == 0 || !kAdd || kKept, "add_rms_norm's kPer rows keep residual_out");
+  constexpr bool kKept = kKeep == Keep::kShared, kHeld = kKeep == Keep::kRegisters;
+  // sweep 1's batch: with kPer, all of a plain row's vectors at once (add_rms_norm's two inputs: up to 4 and 4)
+  constexpr int kIn = kPer > 0 && !kAdd ? kPer : kPer > 0 && kPer < kStreamInFlight ? kPer : kStreamInFlight;
+  // sweep 2's batch
+  constexpr int kOut = kPer > 0 && kPer < kStreamInFlight ? kPer : kStreamInFlight;
+  static_assert(kPer % kIn == 0 && kPer % kOut == 0, "whole batches");
+  static_assert(kPer == 0 || !kAdd || kKeep != Keep::kReadBack, "add_rms_norm's kPer rows keep residual_out");
+  static_assert(!kHeld || (kAdd && kPer > 0), "residual_out in registers: a fixed count of vectors a thread");
   __shared__ S scratch[kWarpSize];
   extern __shared__ __align__(16) unsigned char stream_smem[];
   Chunk* kept = reinterpret_cast<Chunk*>(stream_smem) + threadIdx.x;  // kKept: residual_out (see above)
   const int n_chunks = static_cast<int>(n / kC);  // exact: n % kC == 0; 32-bit (n < 2^31, checked at launch)
-  // add_rms_norm's blocks are all kStreamMaxThreads threads: a constant stride lets the kPer kernel address
-  // its vectors at fixed offsets from one pointer (add f32 4096x32768 520.8 us against 526.0)
-  const int threads = kAdd && kPer > 0 ? kStreamMaxThreads : static_cast<int>(blockDim.x);
+  // kThreads > 0: the block size as a constant, so that the kPer kernel addresses its vectors at fixed offsets
+  // from one pointer (add_rms_norm f32 4096x32768 520.8 us against 526.0)
+  const int threads = kThreads > 0 ? kThreads : static_cast<int>(blockDim.x);
   const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
-  constexpr bool kAddHints = !(kKept && (std::is_same_v<T, float> || kPer > 0));
+  constexpr bool kAddHints = !(kKeep != Keep::kReadBack && (std::is_same_v<T, float> || kPer > 0));
   auto read_once = [&](const T* base, int c) {  // kAdd: input and residual
     if constexpr (kAddHints) {
       return load_vector_l2<T, kC>(base, c, drop);
@@ -255,6 +264,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
     // Sweep 1 over chunks c, c + threads, ..., c + (kIn - 1) * threads (the j-th to j + kIn - 1-th of this
     // thread's), all loads issued before any is used.
     S ss = 0;
+    Chunk held[kHeld ? kPer : 1];  // kHeld: this thread's residual_out
     auto sweep1_batch = [&](int c, int j) {
       Chunk v[kIn];
       if constexpr (kAdd) {
@@ -268,6 +278,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
           v[k] = add_rounded<A>(v[k], o[k]);
           store_residual_out(hr, c + k * threads, v[k]);
           if constexpr (kKept) kept[(j + k) * threads] = v[k];
+          if constexpr (kHeld) held[j + k] = v[k];
         }
       } else {
 #pragma unroll
@@ -298,12 +309,15 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
       store_vector_l2(yr, c, kWeight ? normalize(v, w, r, offset) : normalize(v, r), drop);
     };
     auto sweep2_batch = [&](int c, int j) {
-      constexpr int kOut = kStreamInFlight;
       Chunk v[kOut];
       WChunk w[kOut];
 #pragma unroll
       for (int k = 0; k < kOut; ++k) {
-        v[k] = kKept ? kept[(j + k) * threads] : load_vector_l2<T, kC, false>(again, c + k * threads, drop);
+        if constexpr (kHeld) {
+          v[k] = held[j + k];
+        } else {
+          v[k] = kKept ? kept[(j + k) * threads] : load_vector_l2<T, kC, false>(again, c + k * threads, drop);
+        }
         if constexpr (kWeight) w[k] = load_vector<W, kC>(weight, c + k * threads);
       }
 #pragma unroll
@@ -313,13 +327,9 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
     j = 0;
     if constexpr (kPer > 0) {
 #pragma unroll
-      for (int b = 0; b < kPer / kStreamInFlight; ++b) {
-        sweep2_batch(c + b * kStreamInFlight * threads, b * kStreamInFlight);
-      }
+      for (int b = 0; b < kPer / kOut; ++b) sweep2_batch(c + b * kOut * threads, b * kOut);
     } else {
-      for (; c + (kStreamInFlight - 1) * threads < n_chunks; c += kStreamInFlight * threads, j += kStreamInFlight) {
-        sweep2_batch(c, j);
-      }
+      for (; c + (kOut - 1) * threads < n_chunks; c += kOut * threads, j += kOut) sweep2_batch(c, j);
       for (; c < n_chunks; c += threads, ++j) {
         const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
         write(c, v, kWeight ? load_vector<W, kC>(weight, c) : WChunk{});
@@ -470,12 +480,20 @@ struct AddForwardShapes {
 // at 512 threads against 132 at 1024 (768: 155; history/tuning/rms_norm_kernels.py); f32 (46 registers,
 // two blocks) keeps 512. 672-thread blocks ran f32 8192x16384 at 389 us against 255 (a thread's 6-7
 // vectors need more dependent rounds than 2 full batches).
-// add_rms_norm's blocks are 1024 threads, measured fastest when it read residual_out back from L2 (its rows
-// do not fit L1 at any size); they keep that size with residual_out in shared memory.
+// add_rms_norm: 1024-thread blocks from rows of 2048 vectors up, measured fastest when it read residual_out
+// back from L2 (its rows do not fit L1 at any size); they keep that size with residual_out in shared memory
+// or registers (stream_rows). Rows of exactly 128 or 256 vectors (bf16 N = 1024 / 2048, f32 512 / 1024) take
+// blocks of 32 or 64 threads, 4 vectors a thread; between them (and under 2048 vectors) the kept blocks
+// were faster. Forward alone, one build, three interleaved do_bench rounds, us (history/log.md, "an
+// eleventh session"): 65536x1024 bf16 132.3 against the warp rows' 135.5 (torch.compile 132.0, Liger
+// 132.6), f32 258.6 against 263.5 (258.6, 258.7); bf16 4096x2048 21.8 against 23.8; at 512 and 1024
+// vectors the small blocks lost to the kept blocks (bf16 32768x4096 264.6 against 262.8, f32 32768x4096
+// 527.6 against 519.8, bf16 16384x8192 264.3 against 260.9).
 template <bool kAdd>
 int stream_threads(int64_t chunks) {
   if constexpr (kAdd) {
-    return chunks > int64_t{AddForwardShapes::kThreads} * AddForwardShapes::kUnits ? kStreamMaxThreads : 0;
+    if (chunks >= int64_t{AddForwardShapes::kThreads} * AddForwardShapes::kUnits) return kStreamMaxThreads;
+    return chunks == 4 * kWarpSize || chunks == 8 * kWarpSize ? static_cast<int>(chunks / 4) : 0;
   } else {
     if (chunks < 4 * kWarpSize) return 0;
     if (chunks <= 4 * 512) return round_to_warps(chunks / 4);
@@ -494,46 +512,62 @@ bool stream_fits_l1(Kernel kernel, OccupancyCache& occupancy, int device, int th
   return resident * row_bytes <= kStreamL1Bytes;
 }
 
-// The kPer of norm_forward_stream_kernel for rows of `chunks` vectors in `threads`-thread blocks, else 0:
-// add_rms_norm's rows kept in shared memory of exactly 4 or 8 vectors a thread, plain rows of exactly 8.
-// Plain rows of 4 (blocks of 32-512 threads) stay on the loop kernel: its 32-46 registers keep more blocks
-// an SM, and the straight-line kernel at 4 lost up to 9% (bf16 4096x2048 13.5 us against 12.4, 8192x16384
-// 138.6 against 130.5) for at most 1.3% gained elsewhere (bf16 16384x8192 129.0 against 130.7).
+// How norm_forward_stream_kernel takes rows of `chunks` vectors in `threads`-thread blocks: kPer (0: the
+// loop kernel) and where sweep 2 finds the row.
+struct StreamRows {
+  int per;
+  Keep keep;
+};
+
+// Plain rows: exactly 8 vectors a thread take the kPer kernel. Plain rows of 4 (blocks of 32-512 threads)
+// stay on the loop kernel: its 32-46 registers keep more blocks an SM, and the straight-line kernel at 4 lost
+// up to 9% (bf16 4096x2048 13.5 us against 12.4, 8192x16384 138.6 against 130.5) for at most 1.3% gained
+// elsewhere (bf16 16384x8192 129.0 against 130.7); holding the row in registers instead of reading it
+// again lost 4-11% (f32 16384x8192 271.3 against 256.3, bf16 16384x8192 143.4 against 130.8).
+// add_rms_norm keeps residual_out: in registers at 2 vectors a thread (1024 threads) and in the small
+// blocks (4 a thread), else in shared memory where the row fits (`fits_smem`), else it reads it back.
+// Rows of exactly 2048 vectors, forward alone, one build, us (history/log.md, "an eleventh session"): bf16
+// 8192x16384 262.0 in registers, 264.2 in shared memory, 266.3 in the kept blocks (Liger 262.4); f32
+// 16384x8192 517.2, 524.0, 518.5 (Liger 519.7). At 4 vectors a thread registers and shared memory ran even
+// (bf16 4096x32768 260.8 / 260.3, f32 8192x16384 512.7 / 512.0); at 1 (1024 vectors) the stream kernel lost
+// 26% to the kept blocks (bf16 16384x8192 330.9 against 261.6).
 template <bool kAdd>
-int stream_vectors_per_thread(int64_t chunks, int threads, bool kept) {
-  if (chunks % threads != 0) return 0;
-  const int64_t per = chunks / threads;
+StreamRows stream_rows(int64_t chunks, int threads, bool fits_smem) {
+  const int per = chunks % threads == 0 ? static_cast<int>(chunks / threads) : 0;
   if constexpr (kAdd) {
-    // the kernel takes its blocks to be kStreamMaxThreads threads (stream_threads' only size for kAdd)
-    return kept && threads == kStreamMaxThreads && (per == 4 || per == 8) ? static_cast<int>(per) : 0;
+    if (threads < kStreamMaxThreads) return {4, Keep::kRegisters};  // stream_threads: chunks == 4 * threads
+    if (per == 2) return {2, Keep::kRegisters};
+    if (!fits_smem) return {0, Keep::kReadBack};
+    return {per == 4 || per == 8 ? per : 0, Keep::kShared};
   } else {
-    return per == 8 ? 8 : 0;
+    return {per == 8 ? 8 : 0, Keep::kReadBack};
   }
 }
 
-template <typename T, typename W, int kC, bool kAdd, bool kWeight, bool kKept>
-auto stream_kernel_for(int per) {
-  if constexpr (kAdd && kKept) {
-    if (per == 4) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, kKept, 4>;
-  }
-  if constexpr (!kAdd || kKept) {
-    if (per == 8) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, kKept, 8>;
-  }
-  return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, kKept, 0>;
-}
-
-// The stream kernel for a launch: weight given or not, residual_out kept in shared memory (kAdd) or not, and
-// stream_vectors_per_thread's kPer.
-template <typename T, typename W, int kC, bool kAdd>
-auto stream_kernel(bool weighted, bool kept, int per) {
+// The stream kernel that takes `rows` (stream_rows), weight given or not. add_rms_norm's 1024-thread kPer
+// kernels take the block size as a constant; its small blocks (32 or 64 threads) read it from blockDim.
+template <typename T, typename W, int kC, bool kAdd, bool kWeight>
+auto stream_kernel_for(StreamRows rows) {
+  constexpr int kFixed = kStreamMaxThreads;
   if constexpr (kAdd) {
-    if (kept) {
-      return weighted ? stream_kernel_for<T, W, kC, kAdd, true, true>(per)
-                      : stream_kernel_for<T, W, kC, kAdd, false, true>(per);
+    if (rows.keep == Keep::kRegisters) {
+      return rows.per == 2 ? norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kRegisters, 2, kFixed>
+                           : norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kRegisters, 4>;
     }
+    if (rows.keep == Keep::kShared) {
+      if (rows.per == 4) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 4, kFixed>;
+      if (rows.per == 8) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 8, kFixed>;
+      return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared>;
+    }
+  } else {
+    if (rows.per == 8) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kReadBack, 8>;
   }
-  return weighted ? stream_kernel_for<T, W, kC, kAdd, true, false>(per)
-                  : stream_kernel_for<T, W, kC, kAdd, false, false>(per);
+  return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kReadBack>;
+}
+
+template <typename T, typename W, int kC, bool kAdd>
+auto stream_kernel(bool weighted, StreamRows rows) {
+  return weighted ? stream_kernel_for<T, W, kC, kAdd, true>(rows) : stream_kernel_for<T, W, kC, kAdd, false>(rows);
 }
 
 template <typename T, typename W, int kC, bool kAdd>
@@ -551,20 +585,20 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
     if (threads > 0) {
       const int device = c10::cuda::current_device();
       const bool weighted = a.weight != nullptr;
-      // kAdd: residual_out's row kept in shared memory where it fits (kAdd's blocks are kStreamMaxThreads
-      // threads: not resized below)
+      // kAdd: residual_out's row in shared memory where it fits (kAdd's blocks are not resized below)
       const size_t row_smem = static_cast<size_t>((chunks + threads - 1) / threads) * threads * kVectorBytes;
-      const bool kept = kAdd && row_smem <= row_kernel_smem_limit<T>(device);
-      const size_t smem = kept ? row_smem : 0;
-      int per = stream_vectors_per_thread<kAdd>(chunks, threads, kept);
-      auto kernel = stream_kernel<T, W, kC, kAdd>(weighted, kept, per);
+      const bool fits_smem = kAdd && row_smem <= row_kernel_smem_limit<T>(device);
+      StreamRows plan = stream_rows<kAdd>(chunks, threads, fits_smem);
+      auto kernel = stream_kernel<T, W, kC, kAdd>(weighted, plan);
       static OccupancyCache occupancy[2][2];  // the plain kernels: [weighted][kPer / 8]
-      if (threads < kStreamMaxThreads &&
-          !stream_fits_l1(kernel, occupancy[weighted][per / 8], device, threads, n * static_cast<int64_t>(sizeof(T)))) {
+      if (!kAdd && threads < kStreamMaxThreads &&
+          !stream_fits_l1(kernel, occupancy[weighted][plan.per / 8], device, threads,
+                          n * static_cast<int64_t>(sizeof(T)))) {
         threads = kStreamMaxThreads;
-        per = stream_vectors_per_thread<kAdd>(chunks, threads, kept);
-        kernel = stream_kernel<T, W, kC, kAdd>(weighted, kept, per);
+        plan = stream_rows<kAdd>(chunks, threads, fits_smem);
+        kernel = stream_kernel<T, W, kC, kAdd>(weighted, plan);
       }
+      const size_t smem = plan.keep == Keep::kShared ? row_smem : 0;
       allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
       launch_forward_kernel(kernel, blocks_to_cover(rows, 1), threads, smem, stream, a, rows, n, eps, offset);
       return;
