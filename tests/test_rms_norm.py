@@ -397,7 +397,9 @@ def _dweight_rtol(dtype: torch.dtype) -> float:
 # blocks, sized 4 vectors a thread up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to
 # 4096 vectors (16392) unless the rows in flight overflow L1 (16-bit with a weight at 32768: 1024), 1024 past
 # them (32776); add_rms_norm's from its 2048 vectors (16-bit 16384, f32 8192, f64 4096), residual_out kept in
-# shared memory up to 14336 vectors (16-bit 131072, f32 65536: read back from L2). Rows of exactly 8 vectors a
+# shared memory up to 14336 vectors, longer rows split over a cluster of 2-8 blocks where each block's part is
+# exactly 4 or 8 vectors a thread (16-bit 131072, f32 65536 and 131072, f64 32768-131072), else read back from
+# L2 (16-bit 131080). Rows of exactly 8 vectors a
 # thread (f32 16384 and 32768, 16-bit 32768 and 65536; add_rms_norm's also 4: f32 16384, 16-bit 32768) take
 # the straight-line stream kernel, and so do add_rms_norm's rows of exactly 2 (2048 vectors) and its rows of
 # exactly 128 or 256 vectors (16-bit 1024 / 2048, f32 512 / 1024, f64 256 / 512: blocks of 32 or 64 threads),
@@ -548,7 +550,8 @@ def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_cuda_long_rows_forward_many_rows(dtype: torch.dtype) -> None:
     # The forward's long rows (stream blocks, a row per block at a time; add_rms_norm's keep residual_out's
-    # row in shared memory, each thread its own chunks, and read it back from L2 where it does not fit):
+    # row in shared memory, each thread its own chunks, split over a cluster's blocks where one block's does
+    # not hold it (16384 vectors: f32 65536, 16-bit 131072), and read it back from L2 where no split fits):
     # more rows than blocks, rows whose chunks do not divide evenly over the threads or are exactly 2, 4 or 8
     # a thread (the straight-line kernel: 2048, 4096 and 8192 vectors; add_rms_norm's 2 and its small blocks
     # of 128 and 256 vectors keep residual_out in registers), plain rms_norm and add_rms_norm, with and

@@ -206,7 +206,10 @@ enum class Keep { kReadBack, kShared, kRegisters };
 // against 271.2 (torch.compile 256.5), bf16 2048x65536 132.8 against 148.9, bf16 4096x32768 (512 threads)
 // 131.2 against 132.1; add_rms_norm bf16 4096x32768 262.0 against 278.9 (Liger 263.4), bf16 2048x65536
 // 266.8 against 284.2, f32 8192x16384 513.0 against 521.2, f32 4096x32768 521.4 against 525.9.
-template <typename T, typename W, int kC, bool kAdd, bool kWeight, Keep kKeep, int kPer = 0, int kThreads = 0>
+// kCluster: add_rms_norm's rows split over the blocks of a cluster (add_stream_cluster), each block its part of
+// the row (kPer vectors a thread, residual_out in shared memory), the row's sum added over the cluster.
+template <typename T, typename W, int kC, bool kAdd, bool kWeight, Keep kKeep, int kPer = 0, int kThreads = 0,
+          bool kCluster = false>
 __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
     norm_forward_stream_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                                int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
@@ -227,7 +230,12 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
   __shared__ S scratch[kWarpSize];
   extern __shared__ __align__(16) unsigned char stream_smem[];
   Chunk* kept = reinterpret_cast<Chunk*>(stream_smem) + threadIdx.x;  // kKept: residual_out (see above)
-  const int n_chunks = static_cast<int>(n / kC);  // exact: n % kC == 0; 32-bit (n < 2^31, checked at launch)
+  // kCluster: a row split over the blocks of a cluster, block q taking elements [q, q + 1) * part
+  __shared__ S cluster_sums[kCluster ? 2 : 1];
+  const int cluster = kCluster ? static_cast<int>(cluster_blocks()) : 1;
+  const int64_t part = kCluster ? n / cluster : n, first = kCluster ? cluster_rank() * part : 0;
+  const int n_chunks = static_cast<int>(part / kC);  // exact: part % kC == 0; 32-bit (n < 2^31, checked at launch)
+  const W* w_part = kWeight ? weight + first : nullptr;
   // kThreads > 0: the block size as a constant, so that the kPer kernel addresses its vectors at fixed offsets
   // from one pointer (add_rms_norm f32 4096x32768 520.8 us against 526.0)
   const int threads = kThreads > 0 ? kThreads : static_cast<int>(blockDim.x);
@@ -247,11 +255,12 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
       store_vector<T, kC>(hr, c, v);
     }
   };
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * x_row_stride;
-    const T* rr = kAdd ? residual + row * residual_row_stride : nullptr;
-    T* hr = kAdd ? h_out + row * n : nullptr;
-    T* yr = y + row * n;
+  int parity = 0;  // kCluster: cluster_row_sum's slots, alternating by row
+  for (int64_t row = blockIdx.x / cluster; row < rows; row += gridDim.x / cluster, parity ^= 1) {
+    const T* xr = x + row * x_row_stride + first;
+    const T* rr = kAdd ? residual + row * residual_row_stride + first : nullptr;
+    T* hr = kAdd ? h_out + row * n + first : nullptr;
+    T* yr = y + row * n + first;
     auto read = [&](int c) {  // sweep 1's value of chunk c (residual_out with kAdd, which it also stores)
       if constexpr (kAdd) {
         const Chunk v = add_rounded<A>(read_once(xr, c), read_once(rr, c));
@@ -302,8 +311,9 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
       }
     }
     ss = row_sum<true>(ss, scratch);
+    if constexpr (kCluster) ss = cluster_row_sum(ss, cluster_sums, parity, cluster);
     const A r = inverse_rms(ss, n, eps);
-    if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
+    if (rstd != nullptr && threadIdx.x == 0 && first == 0) rstd[row] = r;
     const T* again = kAdd ? hr : xr;
     auto write = [&](int c, const Chunk& v, const WChunk& w) {
       store_vector_l2(yr, c, kWeight ? normalize(v, w, r, offset) : normalize(v, r), drop);
@@ -318,7 +328,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
         } else {
           v[k] = kKept ? kept[(j + k) * threads] : load_vector_l2<T, kC, false>(again, c + k * threads, drop);
         }
-        if constexpr (kWeight) w[k] = load_vector<W, kC>(weight, c + k * threads);
+        if constexpr (kWeight) w[k] = load_vector<W, kC>(w_part, c + k * threads);
       }
 #pragma unroll
       for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k]);
@@ -332,10 +342,11 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
       for (; c + (kOut - 1) * threads < n_chunks; c += kOut * threads, j += kOut) sweep2_batch(c, j);
       for (; c < n_chunks; c += threads, ++j) {
         const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
-        write(c, v, kWeight ? load_vector<W, kC>(weight, c) : WChunk{});
+        write(c, v, kWeight ? load_vector<W, kC>(w_part, c) : WChunk{});
       }
     }
   }
+  if constexpr (kCluster) cluster_barrier();  // no block exits while a peer may still read its cluster_sums
 }
 
 // Warp rows two at a time: a warp takes adjacent rows 2p and 2p + 1 (the second past the end only when the
@@ -449,12 +460,19 @@ struct ForwardArgs {
   opmath_t<T>* rstd;
 };
 
-// Launches a forward kernel: they all take one launch's pointers, offset and eps in the same order.
+// Launches a forward kernel: they all take one launch's pointers, offset and eps in the same order. In
+// clusters of `cluster` blocks where it is more than 1 (blocks a multiple of it).
 template <typename T, typename W, typename... Params>
 void launch_forward_kernel(void (*kernel)(Params...), unsigned int blocks, int threads, size_t smem,
                            cudaStream_t stream, const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps,
-                           double offset) {
+                           double offset, int cluster = 1) {
   using A = opmath_t<T>;
+  if (cluster > 1) {
+    launch_in_clusters(kernel, blocks, threads, smem, cluster, stream, a.x, a.x_row_stride, a.residual,
+                       a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y, a.rstd, rows, n,
+                       static_cast<A>(eps));
+    return;
+  }
   kernel<<<blocks, threads, smem, stream>>>(a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight,
                                             static_cast<A>(offset), a.y, a.rstd, rows, n, static_cast<A>(eps));
   TORCHOPS_CUDA_LAUNCH_CHECK();
@@ -513,11 +531,28 @@ bool stream_fits_l1(Kernel kernel, OccupancyCache& occupancy, int device, int th
 }
 
 // How norm_forward_stream_kernel takes rows of `chunks` vectors in `threads`-thread blocks: kPer (0: the
-// loop kernel) and where sweep 2 finds the row.
+// loop kernel), where sweep 2 finds the row, and the blocks of the cluster a row is split over (1: none).
 struct StreamRows {
   int per;
   Keep keep;
+  int cluster = 1;
 };
+
+// add_rms_norm's rows whose residual_out does not fit one block's shared memory (f32 past 57344 elements,
+// 16-bit past 114688): the fewest blocks of a cluster (sm_90+) whose parts are exactly 4 or 8 vectors a
+// thread of kStreamMaxThreads threads and fit `smem_limit`; 1 where none does (the row is then read back).
+// Each block keeps its part in shared memory and the blocks add their sums through distributed shared memory
+// (cluster_row_sum): f32 2048x65536, forward alone, one build, 571.3 us against 584.1 read back from L2
+// (torch.compile 695.5; history/log.md, "an eleventh session"), 90% of copy in the bench (was 88%).
+inline int add_stream_cluster(int64_t chunks, size_t smem_limit, int device) {
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9) return 1;
+  for (int cluster = 2; cluster <= kMaxClusterBlocks; ++cluster) {
+    const int64_t threads = int64_t{cluster} * kStreamMaxThreads;
+    const int64_t per = chunks % threads == 0 ? chunks / threads : 0;
+    if ((per == 4 || per == 8) && static_cast<size_t>(chunks / cluster) * kVectorBytes <= smem_limit) return cluster;
+  }
+  return 1;
+}
 
 // Plain rows: exactly 8 vectors a thread take the kPer kernel. Plain rows of 4 (blocks of 32-512 threads)
 // stay on the loop kernel: its 32-46 registers keep more blocks an SM, and the straight-line kernel at 4 lost
@@ -532,9 +567,10 @@ struct StreamRows {
 // (bf16 4096x32768 260.8 / 260.3, f32 8192x16384 512.7 / 512.0); at 1 (1024 vectors) the stream kernel lost
 // 26% to the kept blocks (bf16 16384x8192 330.9 against 261.6).
 template <bool kAdd>
-StreamRows stream_rows(int64_t chunks, int threads, bool fits_smem) {
+StreamRows stream_rows(int64_t chunks, int threads, bool fits_smem, int cluster = 1) {
   const int per = chunks % threads == 0 ? static_cast<int>(chunks / threads) : 0;
   if constexpr (kAdd) {
+    if (cluster > 1) return {per, Keep::kShared, cluster};  // `chunks` is a block's part (add_stream_cluster)
     if (threads < kStreamMaxThreads) return {4, Keep::kRegisters};  // stream_threads: chunks == 4 * threads
     if (per == 2) return {2, Keep::kRegisters};
     if (!fits_smem) return {0, Keep::kReadBack};
@@ -553,6 +589,10 @@ auto stream_kernel_for(StreamRows rows) {
     if (rows.keep == Keep::kRegisters) {
       return rows.per == 2 ? norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kRegisters, 2, kFixed>
                            : norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kRegisters, 4>;
+    }
+    if (rows.cluster > 1) {
+      return rows.per == 4 ? norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 4, kFixed, true>
+                           : norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 8, kFixed, true>;
     }
     if (rows.keep == Keep::kShared) {
       if (rows.per == 4) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 4, kFixed>;
@@ -585,22 +625,47 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
     if (threads > 0) {
       const int device = c10::cuda::current_device();
       const bool weighted = a.weight != nullptr;
-      // kAdd: residual_out's row in shared memory where it fits (kAdd's blocks are not resized below)
-      const size_t row_smem = static_cast<size_t>((chunks + threads - 1) / threads) * threads * kVectorBytes;
-      const bool fits_smem = kAdd && row_smem <= row_kernel_smem_limit<T>(device);
-      StreamRows plan = stream_rows<kAdd>(chunks, threads, fits_smem);
+      const size_t smem_limit = row_kernel_smem_limit<T>(device);
+      // kAdd: residual_out's row (each block's part of it, in a cluster) in shared memory where it fits; kAdd's
+      // blocks are not resized below
+      auto smem_for = [&](int64_t part) {
+        return static_cast<size_t>((part + threads - 1) / threads) * threads * kVectorBytes;
+      };
+      int cluster = 1;
+      if constexpr (kAdd) {
+        if (smem_for(chunks) > smem_limit) cluster = add_stream_cluster(chunks, smem_limit, device);
+      }
+      size_t row_smem = smem_for(chunks / cluster);
+      StreamRows plan = stream_rows<kAdd>(chunks / cluster, threads, kAdd && row_smem <= smem_limit, cluster);
       auto kernel = stream_kernel<T, W, kC, kAdd>(weighted, plan);
+      // the kernels' static shared memory: row_sum's scratch and (kCluster) cluster_sums
+      constexpr size_t kStaticBytes = kRowSumScratchBytes<T> + 2 * sizeof(RowSum<T>);
+      if (plan.cluster > 1) {
+        static OccupancyCache cluster_occupancy[2];  // [weighted]
+        allow_shared_memory(kernel, row_smem, kStaticBytes);
+        if (cluster_occupancy[weighted].get(
+                device, threads, row_smem,
+                [&] { return resident_clusters(kernel, threads, row_smem, plan.cluster); }, plan.cluster) == 0) {
+          // no cluster of these blocks fits the device: one block a row, reading residual_out back
+          row_smem = smem_for(chunks);
+          plan = stream_rows<kAdd>(chunks, threads, false);
+          kernel = stream_kernel<T, W, kC, kAdd>(weighted, plan);
+        }
+      }
       static OccupancyCache occupancy[2][2];  // the plain kernels: [weighted][kPer / 8]
       if (!kAdd && threads < kStreamMaxThreads &&
           !stream_fits_l1(kernel, occupancy[weighted][plan.per / 8], device, threads,
                           n * static_cast<int64_t>(sizeof(T)))) {
         threads = kStreamMaxThreads;
-        plan = stream_rows<kAdd>(chunks, threads, fits_smem);
+        plan = stream_rows<kAdd>(chunks, threads, false);
         kernel = stream_kernel<T, W, kC, kAdd>(weighted, plan);
       }
       const size_t smem = plan.keep == Keep::kShared ? row_smem : 0;
-      allow_shared_memory(kernel, smem, kRowSumScratchBytes<T>);
-      launch_forward_kernel(kernel, blocks_to_cover(rows, 1), threads, smem, stream, a, rows, n, eps, offset);
+      allow_shared_memory(kernel, smem, kStaticBytes);
+      // a cluster a row: blocks_to_cover's cap, in whole clusters
+      const int64_t groups = std::min<int64_t>(blocks_to_cover(rows, 1), INT32_MAX / plan.cluster);
+      const auto blocks = static_cast<unsigned int>(groups * plan.cluster);
+      launch_forward_kernel(kernel, blocks, threads, smem, stream, a, rows, n, eps, offset, plan.cluster);
       return;
     }
   }
