@@ -5,6 +5,7 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -560,7 +561,8 @@ inline int add_stream_cluster(int64_t chunks, size_t smem_limit, int device) {
 // elsewhere (bf16 16384x8192 129.0 against 130.7); holding the row in registers instead of reading it
 // again lost 4-11% (f32 16384x8192 271.3 against 256.3, bf16 16384x8192 143.4 against 130.8).
 // add_rms_norm keeps residual_out: in registers at 2 vectors a thread (1024 threads) and in the small
-// blocks (4 a thread), else in shared memory where the row fits (`fits_smem`), else it reads it back.
+// blocks (4 a thread), else in shared memory where the row fits (`fits_smem`; with `cluster` > 1, `chunks` is
+// one block's part of a row split by add_stream_cluster), else it reads it back.
 // Rows of exactly 2048 vectors, forward alone, one build, us (history/log.md, "an eleventh session"): bf16
 // 8192x16384 262.0 in registers, 264.2 in shared memory, 266.3 in the kept blocks (Liger 262.4); f32
 // 16384x8192 517.2, 524.0, 518.5 (Liger 519.7). At 4 vectors a thread registers and shared memory ran even
