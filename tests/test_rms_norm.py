@@ -384,27 +384,26 @@ def _dweight_rtol(dtype: torch.dtype) -> float:
     return {torch.float64: 1e-9, torch.float32: 1e-4}.get(dtype, 2e-2)
 
 
-# Around every warp/block switch and vector width: 16-bit (8 per vector, warp up to 2048), f32 (4, 1024),
-# f64 (2, 512); beyond a block's register cache and beyond shared memory for the backward's dweight
-# accumulator (f32 N = 70000 -> the column kernel); f32 N = 12288: the dweight row is exactly 48 KiB, past the
-# default limit with the block's static shared memory (the launch must opt in).
-# Block rows keep up to 512 threads x 8 vectors in registers (16-bit N <= 32768, f32 16384, f64 8192), longer
-# ones 1024 x 4 and read the rest twice; the backward keeps 512 x 4, and its rows of whole 16-byte vectors from
-# 256 to 2048 vectors (16-bit 2048-16384, f32 1024-8192; from 64 with add_rms_norm's grad_residual_out: 16-bit
-# 512, f32 256; 2040 and 1016 just below) take the staged blocks, longer ones a cluster of up to 8 staged blocks
-# of 8192 elements each on sm_90+ (16-bit 16392-65536, f32 8196-65536; 131072: past it). Forward rows of whole
-# 16-byte vectors from 128 vectors up (16-bit N >= 1024, f32 512, f64 256; 1016: 127 vectors) take the stream
-# blocks, sized 4 vectors a thread up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to
-# 4096 vectors (16392) unless the rows in flight overflow L1 (16-bit with a weight at 32768: 1024), 1024 past
-# them (32776); add_rms_norm's from its 2048 vectors (16-bit 16384, f32 8192, f64 4096), residual_out kept in
-# shared memory up to 14336 vectors, longer rows split over a cluster of 2-8 blocks where each block's part is
-# exactly 4 or 8 vectors a thread (16-bit 131072, f32 65536 and 131072, f64 32768-131072), else read back from
-# L2 (16-bit 131080). Rows of exactly 8 vectors a
-# thread (f32 16384 and 32768, 16-bit 32768 and 65536; add_rms_norm's also 4: f32 16384, 16-bit 32768) take
-# the straight-line stream kernel, and so do add_rms_norm's rows of exactly 2 (2048 vectors) and its rows of
-# exactly 128 or 256 vectors (16-bit 1024 / 2048, f32 512 / 1024, f64 256 / 512: blocks of 32 or 64 threads),
-# residual_out in registers. Shorter warp rows of whole vectors go two to a warp up to 4 vectors a lane
-# (16-bit N <= 1016, f32 508, f64 254; add_rms_norm up to 1: 256, 128, 64), 37 rows leaving the last warp one.
+# Around every warp/block switch and vector width: 16-bit (8 per vector, warp up to 2048), f32 (4, 1024), f64
+# (2, 512); beyond a block's register cache and beyond shared memory for the backward's dweight accumulator (f32
+# N = 70000 -> the column kernel); f32 N = 12288: the dweight row is exactly 48 KiB, past the default limit with
+# the block's static shared memory (the launch must opt in). Block rows keep up to 512 threads x 8 vectors in
+# registers (16-bit N <= 32768, f32 16384, f64 8192), longer ones 1024 x 4 and read the rest twice; the backward
+# keeps 512 x 4, and its rows of whole 16-byte vectors from 256 to 2048 vectors (16-bit 2048-16384, f32
+# 1024-8192; from 64 with add_rms_norm's grad_residual_out: 16-bit 512, f32 256; 2040 and 1016 just below) take
+# the staged blocks, longer ones a cluster of up to 8 staged blocks of 8192 elements each on sm_90+ (16-bit
+# 16392-65536, f32 8196-65536; 131072: past it). Forward rows of whole 16-byte vectors from 128 vectors up
+# (16-bit N >= 1024, f32 512, f64 256; 1016: 127 vectors) take the stream blocks, sized 4 vectors a thread up to
+# 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to 4096 vectors (16392) unless the rows in
+# flight overflow L1 (16-bit with a weight at 32768: 1024), 1024 past them (32776); add_rms_norm's from its 2048
+# vectors (16-bit 16384, f32 8192, f64 4096), residual_out kept in shared memory up to 14336 vectors, longer
+# rows split over a cluster of 2-8 blocks where each block's part is exactly 4 or 8 vectors a thread (16-bit
+# 131072, f32 65536 and 131072, f64 32768-131072), else read back from L2 (16-bit 131080). Rows of exactly 8
+# vectors a thread (f32 16384 and 32768, 16-bit 32768 and 65536; add_rms_norm's also 4: f32 16384, 16-bit 32768)
+# take the straight-line stream kernel, and so do add_rms_norm's rows of exactly 2 (2048 vectors) and its rows
+# of exactly 128 or 256 vectors (16-bit 1024 / 2048, f32 512 / 1024, f64 256 / 512: blocks of 32 or 64 threads),
+# residual_out in registers. Shorter warp rows of whole vectors go two to a warp up to 4 vectors a lane (16-bit
+# N <= 1016, f32 508, f64 254; add_rms_norm up to 1: 256, 128, 64), 37 rows leaving the last warp one.
 _CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1016, 1024, 1025, 1032, 2040, 2048, 2056, 4096, 4104,
             8192, 8192 + 3, 8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
 

@@ -637,7 +637,7 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
       if constexpr (kAdd) {
         if (smem_for(chunks) > smem_limit) cluster = add_stream_cluster(chunks, smem_limit, device);
       }
-      size_t row_smem = smem_for(chunks / cluster);
+      const size_t row_smem = smem_for(chunks / cluster);
       StreamRows plan = stream_rows<kAdd>(chunks / cluster, threads, kAdd && row_smem <= smem_limit, cluster);
       auto kernel = stream_kernel<T, W, kC, kAdd>(weighted, plan);
       // the kernels' static shared memory: row_sum's scratch and (kCluster) cluster_sums
@@ -648,8 +648,8 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
         if (cluster_occupancy[weighted].get(
                 device, threads, row_smem,
                 [&] { return resident_clusters(kernel, threads, row_smem, plan.cluster); }, plan.cluster) == 0) {
-          // no cluster of these blocks fits the device: one block a row, reading residual_out back
-          row_smem = smem_for(chunks);
+          // no cluster of these blocks fits the device: one block a row, reading residual_out back (no shared
+          // memory)
           plan = stream_rows<kAdd>(chunks, threads, false);
           kernel = stream_kernel<T, W, kC, kAdd>(weighted, plan);
         }
