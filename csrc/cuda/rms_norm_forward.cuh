@@ -559,7 +559,11 @@ inline int add_stream_cluster(int64_t chunks, size_t smem_limit, int device) {
 // stay on the loop kernel: its 32-46 registers keep more blocks an SM, and the straight-line kernel at 4 lost
 // up to 9% (bf16 4096x2048 13.5 us against 12.4, 8192x16384 138.6 against 130.5) for at most 1.3% gained
 // elsewhere (bf16 16384x8192 129.0 against 130.7); holding the row in registers instead of reading it
-// again lost 4-11% (f32 16384x8192 271.3 against 256.3, bf16 16384x8192 143.4 against 130.8).
+// again lost 4-11% (f32 16384x8192 271.3 against 256.3, bf16 16384x8192 143.4 against 130.8). Plain rows
+// longer than 8 vectors a thread read back from L2: split over a cluster into parts of exactly 8 (each block
+// reading its 128 KiB part again from L1, as one block does a bf16 65536 row) they lost 5-19%, forward alone,
+// one build, us: f32 2048x65536 372.7 against 318.5, bf16 1024x131072 202.1 against 188.4, f16 2048x131072
+// 372.7 against 330.4 (only f64 1024x65536 gained, 371.3 against 388.5).
 // add_rms_norm keeps residual_out: in registers at 2 vectors a thread (1024 threads) and in the small
 // blocks (4 a thread), else in shared memory where the row fits (`fits_smem`; with `cluster` > 1, `chunks` is
 // one block's part of a row split by add_stream_cluster), else it reads it back.
