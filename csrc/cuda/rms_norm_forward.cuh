@@ -209,6 +209,23 @@ enum class Keep { kReadBack, kShared, kRegisters };
 // 266.8 against 284.2, f32 8192x16384 513.0 against 521.2, f32 4096x32768 521.4 against 525.9.
 // kCluster: add_rms_norm's rows split over the blocks of a cluster (add_stream_cluster), each block its part of
 // the row (kPer vectors a thread, residual_out in shared memory), the row's sum added over the cluster.
+// One sweep of the stream kernel over this thread's chunks c = threadIdx.x, c + threads, ... (its j-th chunk
+// the j-th of them): batch(c, j) takes kBatch of them at once, chunks c, c + threads, ..., c + (kBatch - 1) *
+// threads. With kPer > 0 (exactly kPer chunks a thread) a fixed count of batches; else batches while whole
+// ones remain, then one(c, j) for each chunk left.
+template <int kPer, int kBatch, typename Batch, typename One>
+__device__ __forceinline__ void stream_sweep(int threads, int n_chunks, Batch&& batch, One&& one) {
+  int c = threadIdx.x;
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int b = 0; b < kPer / kBatch; ++b) batch(c + b * kBatch * threads, b * kBatch);
+  } else {
+    int j = 0;
+    for (; c + (kBatch - 1) * threads < n_chunks; c += kBatch * threads, j += kBatch) batch(c, j);
+    for (; c < n_chunks; c += threads, ++j) one(c, j);
+  }
+}
+
 template <typename T, typename W, int kC, bool kAdd, bool kWeight, Keep kKeep, int kPer = 0, int kThreads = 0,
           bool kCluster = false>
 __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
@@ -297,20 +314,11 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
 #pragma unroll
       for (int k = 0; k < kIn; ++k) ss += chunk_squares<A>(v[k]);
     };
-    // Each sweep takes a thread's chunks c, c + threads, ... in batches, then (kPer = 0) the chunks left one
-    // at a time.
-    int c = threadIdx.x, j = 0;
-    if constexpr (kPer > 0) {
-#pragma unroll
-      for (int b = 0; b < kPer / kIn; ++b) sweep1_batch(c + b * kIn * threads, b * kIn);
-    } else {
-      for (; c + (kIn - 1) * threads < n_chunks; c += kIn * threads, j += kIn) sweep1_batch(c, j);
-      for (; c < n_chunks; c += threads, ++j) {
-        const Chunk v = read(c);
-        if constexpr (kKept) kept[j * threads] = v;
-        ss += chunk_squares<A>(v);
-      }
-    }
+    stream_sweep<kPer, kIn>(threads, n_chunks, sweep1_batch, [&](int c, int j) {
+      const Chunk v = read(c);
+      if constexpr (kKept) kept[j * threads] = v;
+      ss += chunk_squares<A>(v);
+    });
     ss = row_sum<true>(ss, scratch);
     if constexpr (kCluster) ss = cluster_row_sum(ss, cluster_sums, parity, cluster);
     const A r = inverse_rms(ss, n, eps);
@@ -334,18 +342,10 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
 #pragma unroll
       for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k]);
     };
-    c = threadIdx.x;
-    j = 0;
-    if constexpr (kPer > 0) {
-#pragma unroll
-      for (int b = 0; b < kPer / kOut; ++b) sweep2_batch(c + b * kOut * threads, b * kOut);
-    } else {
-      for (; c + (kOut - 1) * threads < n_chunks; c += kOut * threads, j += kOut) sweep2_batch(c, j);
-      for (; c < n_chunks; c += threads, ++j) {
-        const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
-        write(c, v, kWeight ? load_vector<W, kC>(w_part, c) : WChunk{});
-      }
-    }
+    stream_sweep<kPer, kOut>(threads, n_chunks, sweep2_batch, [&](int c, int j) {
+      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
+      write(c, v, kWeight ? load_vector<W, kC>(w_part, c) : WChunk{});
+    });
   }
   if constexpr (kCluster) cluster_barrier();  // no block exits while a peer may still read its cluster_sums
 }
