@@ -406,15 +406,19 @@ def _dweight_rtol(dtype: torch.dtype) -> float:
 # N <= 1016, f32 508, f64 254; add_rms_norm up to 1: 256, 128, 64), 37 rows leaving the last warp one.
 _CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1016, 1024, 1025, 1032, 2040, 2048, 2056, 4096, 4104,
             8192, 8192 + 3, 8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
+# _CUDA_NS in runs of four, one test each: parallel workers share them out (under compute-sanitizer one
+# dtype's whole list took more than five minutes).
+_CUDA_N_RUNS = [_CUDA_NS[i:i + 4] for i in range(0, len(_CUDA_NS), 4)]
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("weight_kind", ["same", "f32", None])
-def test_cuda_every_path_forward_and_backward(dtype: torch.dtype, weight_kind) -> None:
+@pytest.mark.parametrize("ns", _CUDA_N_RUNS, ids=lambda ns: f"n{ns[0]}-{ns[-1]}")
+def test_cuda_every_path_forward_and_backward(ns: list[int], weight_kind, dtype: torch.dtype) -> None:
     if weight_kind == "f32" and dtype not in HALF_DTYPES:
         pytest.skip("float32 weight is for 16-bit inputs")
-    for n in _CUDA_NS:
+    for n in ns:
         rows = 3 if n > 4096 else 37
         for layout in ("dense", "aligned_stride", "offset", "row_stride"):
             if layout == "dense":
@@ -504,7 +508,9 @@ def test_cuda_dweight_column_fallback_and_weight_only() -> None:
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("n_vectors, rows", [(64, 5001), (256, 4001), (257, 4001), (1000, 1500), (2048, 700),
+                                             (2049, 600), (6001, 200), (16384, 40)])
+def test_cuda_staged_backward_many_rows_per_block(n_vectors: int, rows: int, dtype: torch.dtype) -> None:
     # The staged backward (rows of 256 to 2048 16-byte vectors on one block, from 64 with add_rms_norm's
     # grad_residual_out, two a thread up to 256; longer ones split over a cluster of up to 8 blocks) runs each
     # block or cluster over a chunk of rows with the next rows' copies in flight in a ring of shared-memory
@@ -514,35 +520,33 @@ def test_cuda_staged_backward_many_rows_per_block(dtype: torch.dtype) -> None:
     # a shorter last part) and rows too long for a cluster (the kept kernel), with and without the weight,
     # plain and with add_rms_norm's grad_residual_out, only dx, and dweight the same bits every run.
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
-    for n_vectors, rows in ((64, 5001), (256, 4001), (257, 4001), (1000, 1500), (2048, 700), (2049, 600),
-                            (6001, 200), (16384, 40)):
-        n = n_vectors * per_vector
-        x, dy = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
-        for w in (random_tensor((n,), dtype, "cuda"), None):
-            rstd = torch.ops.myns._rms_norm_forward(x, w, 1e-6)[1]
-            xd, wd, rd = x.double().cpu(), None if w is None else w.double().cpu(), rstd.double().cpu()
-            poison_cuda_cache()
-            dx, dw = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, w is not None)
-            ref_dx, ref_dw = OPS_BY_NAME["_rms_norm_backward"].reference(dy.double().cpu(), xd, wd, rd, True,
-                                                                         w is not None)
-            assert_close_to_reference(dx.cpu(), ref_dx, msg=lambda m: f"dx n={n}: {m}")
-            only_dx = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, False)[0]
-            assert torch.equal(only_dx, dx), f"n={n}"
-            if w is not None:
-                rtol = _dweight_rtol(dw.dtype)
-                torch.testing.assert_close(dw.cpu().double(), ref_dw, rtol=rtol, atol=rtol * rows,
-                                           msg=lambda m: f"dw n={n}: {m}")
-                again = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, True)
-                assert torch.equal(again[1], dw) and torch.equal(again[0], dx), f"n={n}"
-            dres = random_tensor((rows, n), dtype, "cuda")
-            poison_cuda_cache()
-            adx, adw = torch.ops.myns._add_rms_norm_backward(dy, dres, x, w, rstd, w is not None, 0.0)
-            ref_adx, _ = OPS_BY_NAME["_add_rms_norm_backward"].reference(
-                dy.double().cpu(), dres.double().cpu(), xd, wd, rd, w is not None, 0.0)
-            assert_close_to_reference(adx.cpu(), ref_adx, msg=lambda m: f"add dx n={n}: {m}")
-            if w is not None:  # (its own bits: add_rms_norm's three staged tensors may take another grid)
-                torch.testing.assert_close(adw.cpu().double(), ref_dw, rtol=rtol, atol=rtol * rows,
-                                           msg=lambda m: f"add dw n={n}: {m}")
+    n = n_vectors * per_vector
+    x, dy = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
+    for w in (random_tensor((n,), dtype, "cuda"), None):
+        rstd = torch.ops.myns._rms_norm_forward(x, w, 1e-6)[1]
+        xd, wd, rd = x.double().cpu(), None if w is None else w.double().cpu(), rstd.double().cpu()
+        poison_cuda_cache()
+        dx, dw = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, w is not None)
+        ref_dx, ref_dw = OPS_BY_NAME["_rms_norm_backward"].reference(dy.double().cpu(), xd, wd, rd, True,
+                                                                     w is not None)
+        assert_close_to_reference(dx.cpu(), ref_dx, msg=lambda m: f"dx n={n}: {m}")
+        only_dx = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, False)[0]
+        assert torch.equal(only_dx, dx), f"n={n}"
+        if w is not None:
+            rtol = _dweight_rtol(dw.dtype)
+            torch.testing.assert_close(dw.cpu().double(), ref_dw, rtol=rtol, atol=rtol * rows,
+                                       msg=lambda m: f"dw n={n}: {m}")
+            again = torch.ops.myns._rms_norm_backward(dy, x, w, rstd, True, True)
+            assert torch.equal(again[1], dw) and torch.equal(again[0], dx), f"n={n}"
+        dres = random_tensor((rows, n), dtype, "cuda")
+        poison_cuda_cache()
+        adx, adw = torch.ops.myns._add_rms_norm_backward(dy, dres, x, w, rstd, w is not None, 0.0)
+        ref_adx, _ = OPS_BY_NAME["_add_rms_norm_backward"].reference(
+            dy.double().cpu(), dres.double().cpu(), xd, wd, rd, w is not None, 0.0)
+        assert_close_to_reference(adx.cpu(), ref_adx, msg=lambda m: f"add dx n={n}: {m}")
+        if w is not None:  # (its own bits: add_rms_norm's three staged tensors may take another grid)
+            torch.testing.assert_close(adw.cpu().double(), ref_dw, rtol=rtol, atol=rtol * rows,
+                                       msg=lambda m: f"add dw n={n}: {m}")
 
 
 @requires_cuda
