@@ -128,8 +128,18 @@ def _cuda_events_ms(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> f
     n_warm, n_rep = max(1, int(warmup_ms / est)), max(10, int(rep_ms / est))
     for _ in range(n_warm):
         fn()
+    return flushed_events_ms(fn, flush, n_rep)
+
+
+def flushed_events_ms(fn: Callable[[], Any], flush: torch.Tensor, n_rep: int, *, hold_cycles: int = 0) -> float:
+    """Median ms of ``n_rep`` calls of ``fn``, each after zeroing ``flush`` (to evict L2) and between two events.
+    ``hold_cycles`` > 0: a sleep kernel of that many GPU cycles first holds the GPU while the host queues every
+    call, so that each event pair brackets the call's kernels alone and not the host's time between them (set it
+    longer than the host takes to queue the calls)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    if hold_cycles > 0:
+        torch.cuda._sleep(hold_cycles)
     for s, e in zip(starts, ends):
         flush.zero_()
         s.record()

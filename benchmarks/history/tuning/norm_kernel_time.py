@@ -11,7 +11,7 @@ add_rms_norm's compiled forms: "bench form" is the bench's peer (`h = x + r`, th
 returning both); "fused form" returns `F.rms_norm(x + r), x + r`, for which Inductor writes another kernel
 (in 16-bit it also normalises the unrounded sum: a different result from the op's).
 
-    python benchmarks/history/tuning/norm_kernel_time.py [MxN ...]   # default: 4096x2048 16384x8192
+    PYTHONPATH=. python benchmarks/history/tuning/norm_kernel_time.py [MxN ...]   # default: 4096x2048 16384x8192
 """
 import statistics
 import sys
@@ -22,6 +22,7 @@ from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 import torchops
+from benchmarks.harness import flushed_events_ms
 
 torch._dynamo.config.recompile_limit = 1024
 torch._dynamo.config.cache_size_limit = 1024
@@ -33,16 +34,8 @@ flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
 def kernel_us(fn) -> float:
     fn()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
-    torch.cuda._sleep(int(3e7))  # ~15 ms: longer than the host takes to queue every call below
-    for s, e in zip(starts, ends):
-        flush.zero_()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+    # 3e7 cycles, ~15 ms: longer than the host takes to queue the calls
+    return flushed_events_ms(fn, flush, REPS, hold_cycles=30_000_000) * 1e3
 
 
 def rms_reference(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
