@@ -318,10 +318,16 @@ inline int resident_clusters(void (*kernel)(Params...), int threads, size_t smem
   return clusters;
 }
 
-// kernel<<<blocks, threads, smem, stream>>>(args...) in clusters of `cluster` blocks (blocks a multiple of it).
+// kernel<<<blocks, threads, smem, stream>>>(args...), in clusters of `cluster` blocks where `cluster` is more
+// than 1 (blocks a multiple of it); a cluster of one block is the plain launch.
 template <typename... Params, typename... Args>
 inline void launch_in_clusters(void (*kernel)(Params...), unsigned int blocks, int threads, size_t smem, int cluster,
                                cudaStream_t stream, Args&&... args) {
+  if (cluster <= 1) {
+    kernel<<<blocks, threads, smem, stream>>>(std::forward<Args>(args)...);
+    TORCHOPS_CUDA_LAUNCH_CHECK();
+    return;
+  }
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t config = cluster_launch_config(blocks, threads, smem, cluster, stream, &attr);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));

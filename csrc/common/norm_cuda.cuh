@@ -386,13 +386,8 @@ __device__ __forceinline__ StagedPlace staged_place(int n, int part_chunks, int6
 template <typename... Params, typename... Args>
 void launch_staged(void (*kernel)(Params...), const StagedSplit& split, int64_t groups, size_t smem,
                    cudaStream_t stream, Args&&... args) {
-  const auto blocks = static_cast<unsigned int>(groups * split.cluster);
-  if (split.cluster == 1) {
-    kernel<<<blocks, split.threads, smem, stream>>>(std::forward<Args>(args)...);
-    TORCHOPS_CUDA_LAUNCH_CHECK();
-  } else {
-    launch_in_clusters(kernel, blocks, split.threads, smem, split.cluster, stream, std::forward<Args>(args)...);
-  }
+  launch_in_clusters(kernel, static_cast<unsigned int>(groups * split.cluster), split.threads, smem, split.cluster,
+                     stream, std::forward<Args>(args)...);
 }
 
 // Every row start of a T tensor with this row stride (and base) 16-byte aligned for n-element rows.

@@ -468,15 +468,9 @@ void launch_forward_kernel(void (*kernel)(Params...), unsigned int blocks, int t
                            cudaStream_t stream, const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double eps,
                            double offset, int cluster = 1) {
   using A = opmath_t<T>;
-  if (cluster > 1) {
-    launch_in_clusters(kernel, blocks, threads, smem, cluster, stream, a.x, a.x_row_stride, a.residual,
-                       a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y, a.rstd, rows, n,
-                       static_cast<A>(eps));
-    return;
-  }
-  kernel<<<blocks, threads, smem, stream>>>(a.x, a.x_row_stride, a.residual, a.residual_row_stride, a.h_out, a.weight,
-                                            static_cast<A>(offset), a.y, a.rstd, rows, n, static_cast<A>(eps));
-  TORCHOPS_CUDA_LAUNCH_CHECK();
+  launch_in_clusters(kernel, blocks, threads, smem, cluster, stream, a.x, a.x_row_stride, a.residual,
+                     a.residual_row_stride, a.h_out, a.weight, static_cast<A>(offset), a.y, a.rstd, rows, n,
+                     static_cast<A>(eps));
 }
 
 // add_rms_norm keeps two rows' worth in sweep 1 (input and residual): at 8 units a thread ptxas spilled
