@@ -150,9 +150,12 @@ __device__ __forceinline__ void store_vector(T* base, int64_t vector_index, cons
 // L2 eviction priorities (sm_80+; plain accesses on older devices): a policy is made once per thread
 // (l2_policy<L2Evict::kLast> / <L2Evict::kFirst>) and passed to each access of a 16-byte vector. A kernel
 // that reads its data twice marks the first read "keep" (evict last) and the second "drop" (evict first),
-// so the lines it still needs outlive the ones it is done with. kL1 = false: the load does not allocate in
-// L1 (a line read for the last time).
+// so the lines it still needs outlive the ones it is done with. The load's L1 use (L1Use): allocate as
+// usual, not at all (a line read for the last time), or with an L1 eviction priority of its own (evict last
+// on a first read whose line the same SM reads again soon, evict first on that second read: what Triton
+// emits on sm_90 for tl.load's eviction_policy, the L1 and L2 priorities together).
 enum class L2Evict { kLast, kFirst };
+enum class L1Use { kNormal, kNoAllocate, kEvictLast, kEvictFirst };
 
 template <L2Evict kWhich>
 __device__ __forceinline__ uint64_t l2_policy() {
@@ -167,18 +170,26 @@ __device__ __forceinline__ uint64_t l2_policy() {
   return policy;
 }
 
-template <typename T, int kN, bool kL1 = true>
+template <typename T, int kN, L1Use kL1 = L1Use::kNormal>
 __device__ __forceinline__ AlignedVector<T, kN> load_vector_l2(const T* base, int64_t vector_index, uint64_t policy) {
   static_assert(sizeof(T) * kN == kVectorBytes, "a 16-byte vector");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const auto* p = reinterpret_cast<const AlignedVector<T, kN>*>(base) + vector_index;
   uint4 u;
-  if constexpr (kL1) {
+  if constexpr (kL1 == L1Use::kNormal) {
     asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                  : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
                  : "l"(p), "l"(policy));
-  } else {
+  } else if constexpr (kL1 == L1Use::kNoAllocate) {
     asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p), "l"(policy));
+  } else if constexpr (kL1 == L1Use::kEvictLast) {
+    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                 : "l"(p), "l"(policy));
+  } else {
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                  : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
                  : "l"(p), "l"(policy));
   }

@@ -167,34 +167,37 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   }
 }
 
-// Stream rows: a block per row keeping nothing in registers between its two sweeps (but add_rms_norm's
-// Keep::kRegisters below), for rows of 16-byte vectors (kC = T's vector width) from stream_threads' sizes up.
-// Sweep 1 reads the row (kInFlight vectors a thread in flight) and sums its squares; sweep 2 reads it again
-// and writes the output. Sweep 1's reads ask L2 to keep the lines and allocate in L1, so sweep 2 finds the row
-// in L1 when the rows in flight on an SM fit it (stream_threads sizes the blocks for that), else in L2; sweep
-// 2's reads and the stores ask L2 to drop their lines first. kAdd: sweep 1 reads input and residual once
-// (drop) and writes residual_out; with Keep::kShared it keeps residual_out in shared memory too, each thread
-// its own chunks (its j-th at kept[j * threads]: no barrier), with Keep::kRegisters in registers (kPer kernels
-// only), and sweep 2 reads it from there, else (Keep::kReadBack) back from L2 (written with the keep hint;
-// stores do not fill L1). Kept against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward):
-// f32 4096x32768 552 / 550 us in two runs against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536 284 /
-// 283 against 289; rows too long for shared memory (f32 past 57344 elements) read back. f32 rows kept in
-// shared memory read input and residual and write residual_out with no L2 hints (kAddHints): 4% faster than
-// with them, forward alone, one build, us: 8192x16384 522.2 against 545.5, 4096x32768 524.3 against 548.4;
-// bf16 rows ran 4% slower without (4096x32768 293.3 against 281.2, 2048x65536 294.9 against 284.3), so 16-bit
-// rows keep them in the loop kernel (kPer = 0; the kPer kernel below drops them for every dtype). Blocks of
-// any size up to kStreamMaxThreads. kWeight: whether weight is given (a runtime test per chunk cost 10-30
-// registers, and spills for 16-bit inputs).
+// Stream rows: a block per row keeping nothing in registers between its two sweeps (but add_rms_norm's Keep::kRegisters
+// below), for rows of 16-byte vectors (kC = T's vector width) from stream_threads' sizes up. Sweep 1 reads the row
+// (kInFlight vectors a thread in flight) and sums its squares; sweep 2 reads it again and writes the output. Sweep 1's
+// reads ask L2 to keep the lines and allocate in L1, so sweep 2 finds the row in L1 when the rows in flight on an SM
+// fit it (stream_threads sizes the blocks for that), else in L2; sweep 2's reads and the stores ask L2 to drop their
+// lines first. kAdd: sweep 1 reads input and residual once (drop) and writes residual_out; with Keep::kShared it keeps
+// residual_out in shared memory too, each thread its own chunks (its j-th at kept[j * threads]: no barrier), with
+// Keep::kRegisters in registers (kPer kernels only), and sweep 2 reads it from there, else (Keep::kReadBack) back from
+// L2 (written with the keep hint; stores do not fill L1); with Keep::kInputsAgain sweep 1 stores nothing, and sweep 2
+// reads input and residual again, adds them again and stores residual_out beside the output (stream_threads). Kept
+// against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32 4096x32768 552 / 550 us in two runs
+// against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536 284 / 283 against 289; rows too long for shared memory
+// (f32 past 57344 elements) read back. f32 rows kept in shared memory read input and residual and write residual_out
+// with no L2 hints (kAddHints): 4% faster than with them, forward alone, one build, us: 8192x16384 522.2 against 545.5,
+// 4096x32768 524.3 against 548.4; bf16 rows ran 4% slower without (4096x32768 293.3 against 281.2, 2048x65536 294.9
+// against 284.3), so 16-bit rows keep them in the loop kernel (kPer = 0; the kPer kernel below drops them for every
+// dtype). Blocks of any size up to kStreamMaxThreads. kWeight: whether weight is given (a runtime test per chunk cost
+// 10-30 registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
 // 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster at rows
 // longer than its kept units, slower at shorter ones (where it keeps the kept blocks).
 constexpr int kStreamMaxThreads = 1024;
+constexpr int kAddAgainThreads = 512;  // add_rms_norm's blocks reading input and residual twice (stream_threads)
 constexpr int kStreamInFlight = 4;
 
 // Where the stream kernel finds a row's values for sweep 2: read again (rms_norm: the input, from L1 or L2;
-// add_rms_norm: residual_out, from L2), or add_rms_norm's residual_out kept in shared memory or registers.
-enum class Keep { kReadBack, kShared, kRegisters };
+// add_rms_norm: residual_out, from L2), add_rms_norm's residual_out kept in shared memory or registers, or
+// (kInputsAgain) add_rms_norm's input and residual read again and added a second time, residual_out stored
+// only then (see stream_threads).
+enum class Keep { kReadBack, kShared, kRegisters, kInputsAgain };
 
 // kPer > 0: rows of exactly kPer vectors a thread (stream_rows), every sweep a fixed number of batches with
 // no loop bounds or tails: between a row's loads and its stores (one or two blocks an SM) every instruction
@@ -238,6 +241,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
   constexpr bool kKept = kKeep == Keep::kShared, kHeld = kKeep == Keep::kRegisters;
+  constexpr bool kAgain = kKeep == Keep::kInputsAgain;
   // sweep 1's batch: with kPer, all of a plain row's vectors at once (add_rms_norm's two inputs: up to 4 and 4)
   constexpr int kIn = kPer > 0 && !kAdd ? kPer : kPer > 0 && kPer < kStreamInFlight ? kPer : kStreamInFlight;
   // sweep 2's batch
@@ -245,6 +249,8 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
   static_assert(kPer % kIn == 0 && kPer % kOut == 0, "whole batches");
   static_assert(kPer == 0 || !kAdd || kKeep != Keep::kReadBack, "add_rms_norm's kPer rows keep residual_out");
   static_assert(!kHeld || (kAdd && kPer > 0), "residual_out in registers: a fixed count of vectors a thread");
+  static_assert(!kAgain || (kAdd && (kPer == 2 || kPer == 4) && !kCluster),
+                "input and residual read again: one batch a sweep");
   __shared__ S scratch[kWarpSize];
   extern __shared__ __align__(16) unsigned char stream_smem[];
   Chunk* kept = reinterpret_cast<Chunk*>(stream_smem) + threadIdx.x;  // kKept: residual_out (see above)
@@ -294,7 +300,16 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
     Chunk held[kHeld ? kPer : 1];  // kHeld: this thread's residual_out
     auto sweep1_batch = [&](int c, int j) {
       Chunk v[kIn];
-      if constexpr (kAdd) {
+      if constexpr (kAgain) {
+        // the lines stay in L1 and L2 for sweep 2; nothing is stored yet
+        Chunk o[kIn];
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) v[k] = load_vector_l2<T, kC, L1Use::kEvictLast>(xr, c + k * threads, keep);
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) o[k] = load_vector_l2<T, kC, L1Use::kEvictLast>(rr, c + k * threads, keep);
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) v[k] = add_rounded<A>(v[k], o[k]);
+      } else if constexpr (kAdd) {
         Chunk o[kIn];
 #pragma unroll
         for (int k = 0; k < kIn; ++k) v[k] = read_once(xr, c + k * threads);
@@ -330,20 +345,45 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
     auto sweep2_batch = [&](int c, int j) {
       Chunk v[kOut];
       WChunk w[kOut];
+      if constexpr (kAgain) {
+        Chunk o[kOut];
 #pragma unroll
-      for (int k = 0; k < kOut; ++k) {
-        if constexpr (kHeld) {
-          v[k] = held[j + k];
-        } else {
-          v[k] = kKept ? kept[(j + k) * threads] : load_vector_l2<T, kC, false>(again, c + k * threads, drop);
+        for (int k = 0; k < kOut; ++k) v[k] = load_vector_l2<T, kC, L1Use::kEvictFirst>(xr, c + k * threads, drop);
+#pragma unroll
+        for (int k = 0; k < kOut; ++k) o[k] = load_vector_l2<T, kC, L1Use::kEvictFirst>(rr, c + k * threads, drop);
+        if constexpr (kWeight) {
+#pragma unroll
+          for (int k = 0; k < kOut; ++k) {
+            if constexpr (sizeof(W) == sizeof(T)) {  // a 16-byte vector: every block reads it, kept in L1 and L2
+              w[k] = load_vector_l2<W, kC, L1Use::kEvictLast>(w_part, c + k * threads, keep);
+            } else {
+              w[k] = load_vector<W, kC>(w_part, c + k * threads);
+            }
+          }
         }
-        if constexpr (kWeight) w[k] = load_vector<W, kC>(w_part, c + k * threads);
-      }
 #pragma unroll
-      for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k]);
+        for (int k = 0; k < kOut; ++k) {
+          v[k] = add_rounded<A>(v[k], o[k]);
+          store_vector<T, kC>(hr, c + k * threads, v[k]);
+          store_vector<T, kC>(yr, c + k * threads, kWeight ? normalize(v[k], w[k], r, offset) : normalize(v[k], r));
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kOut; ++k) {
+          if constexpr (kHeld) {
+            v[k] = held[j + k];
+          } else {
+            v[k] = kKept ? kept[(j + k) * threads]
+                         : load_vector_l2<T, kC, L1Use::kNoAllocate>(again, c + k * threads, drop);
+          }
+          if constexpr (kWeight) w[k] = load_vector<W, kC>(w_part, c + k * threads);
+        }
+#pragma unroll
+        for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k]);
+      }
     };
     stream_sweep<kPer, kOut>(threads, n_chunks, sweep2_batch, [&](int c, int j) {
-      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, false>(again, c, drop);
+      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, L1Use::kNoAllocate>(again, c, drop);
       write(c, v, kWeight ? load_vector<W, kC>(w_part, c) : WChunk{});
     });
   }
@@ -493,18 +533,31 @@ struct AddForwardShapes {
 // at 512 threads against 132 at 1024 (768: 155; history/tuning/rms_norm_kernels.py); f32 (46 registers,
 // two blocks) keeps 512. 672-thread blocks ran f32 8192x16384 at 389 us against 255 (a thread's 6-7
 // vectors need more dependent rounds than 2 full batches).
-// add_rms_norm: 1024-thread blocks from rows of 2048 vectors up, measured fastest when it read residual_out
-// back from L2 (its rows do not fit L1 at any size); they keep that size with residual_out in shared memory
-// or registers (stream_rows). Rows of exactly 128 or 256 vectors (bf16 N = 1024 / 2048, f32 512 / 1024) take
-// blocks of 32 or 64 threads, 4 vectors a thread; between them (and under 2048 vectors) the kept blocks
-// were faster. Forward alone, one build, three interleaved do_bench rounds, us (history/log.md, "an
-// eleventh session"): 65536x1024 bf16 132.3 against the warp rows' 135.5 (torch.compile 132.0, Liger
-// 132.6), f32 258.6 against 263.5 (258.6, 258.7); bf16 4096x2048 21.8 against 23.8; at 512 and 1024
-// vectors the small blocks lost to the kept blocks (bf16 32768x4096 264.6 against 262.8, f32 32768x4096
-// 527.6 against 519.8, bf16 16384x8192 264.3 against 260.9).
+// add_rms_norm: 1024-thread blocks from rows of 2048 vectors up (but 2048 exactly: below), measured fastest when it
+// read residual_out back from L2 (its rows do not fit L1 at any size); they keep that size with residual_out in shared
+// memory (stream_rows). Rows of exactly 128 or 256 vectors (bf16 N = 1024 / 2048, f32 512 / 1024) take blocks of 32 or
+// 64 threads, 4 vectors a thread; between them and under 2048 vectors (but 1024 exactly: below) the kept blocks were
+// faster. Forward alone, one build, three interleaved do_bench rounds, us (history/log.md, "an eleventh session"):
+// 65536x1024 bf16 132.3 against the warp rows' 135.5 (torch.compile 132.0, Liger 132.6), f32 258.6 against 263.5
+// (258.6, 258.7); bf16 4096x2048 21.8 against 23.8; at 512 and 1024 vectors the small blocks lost to the kept blocks
+// (bf16 32768x4096 264.6 against 262.8, f32 32768x4096 527.6 against 519.8, bf16 16384x8192 264.3 against 260.9).
+// add_rms_norm's rows of exactly 1024 or 2048 vectors (bf16 N = 8192 / 16384, f32 4096 / 8192) take
+// kAddAgainThreads threads (2 or 4 vectors a thread) reading input and residual twice, as Inductor's kernel
+// for `F.rms_norm(x + r), x + r` does: sweep 1 reads both with L1 and L2 "evict last" and stores nothing,
+// sweep 2 reads them again "evict first" (mostly from L1), adds them again and stores residual_out and the
+// output. Written apart from the library (benchmarks/history/tuning/norm_add_mid_variants.cu, history/log.md,
+// "a fourteenth session"), us, against the library's launch before: bf16 16384x8192 254.6 against 261.5,
+// 8192x16384 256.6 against 263.0; f32 32768x4096 498.7 against 519.7, 16384x8192 511.9 against 515.0; the
+// same form without hints, or with L1 or L2 priorities alone, ran even with the library or slower, and at
+// 1024 threads 5-17% slower. In the bench, through the op: bf16 258.4 / 256.0, f32 498.8 / 509.3 (were
+// 262.9 / 264.3, 518.9 / 517.7). Rows of 512 vectors (one a thread) ran bf16 32768x4096 at 250.3 apart from
+// the library, but 359 through it, where the kernel took 43 registers (two 512-thread blocks an SM, a
+// thread's two loads the only bytes in flight): they keep the kept blocks until a form capped at 32
+// registers is measured.
 template <bool kAdd>
 int stream_threads(int64_t chunks) {
   if constexpr (kAdd) {
+    if (chunks == 2 * kAddAgainThreads || chunks == 4 * kAddAgainThreads) return kAddAgainThreads;
     if (chunks >= int64_t{AddForwardShapes::kThreads} * AddForwardShapes::kUnits) return kStreamMaxThreads;
     return chunks == 4 * kWarpSize || chunks == 8 * kWarpSize ? static_cast<int>(chunks / 4) : 0;
   } else {
@@ -558,12 +611,13 @@ inline int add_stream_cluster(int64_t chunks, size_t smem_limit, int device) {
 // reading its 128 KiB part again from L1, as one block does a bf16 65536 row) they lost 5-19%, forward alone,
 // one build, us: f32 2048x65536 372.7 against 318.5, bf16 1024x131072 202.1 against 188.4, f16 2048x131072
 // 372.7 against 330.4 (only f64 1024x65536 gained, 371.3 against 388.5).
-// add_rms_norm keeps residual_out: in registers at 2 vectors a thread (1024 threads) and in the small
-// blocks (4 a thread), else in shared memory where the row fits (`fits_smem`; with `cluster` > 1, `chunks` is
-// one block's part of a row split by add_stream_cluster), else it reads it back.
-// Rows of exactly 2048 vectors, forward alone, one build, us (history/log.md, "an eleventh session"): bf16
-// 8192x16384 262.0 in registers, 264.2 in shared memory, 266.3 in the kept blocks (Liger 262.4); f32
-// 16384x8192 517.2, 524.0, 518.5 (Liger 519.7). At 4 vectors a thread registers and shared memory ran even
+// add_rms_norm reads input and residual again in kAddAgainThreads blocks (stream_threads), keeps residual_out
+// in registers in the small blocks (4 a thread), else in shared memory where the row fits (`fits_smem`; with
+// `cluster` > 1, `chunks` is one block's part of a row split by add_stream_cluster), else it reads it back.
+// Rows of exactly 2048 vectors, before they read their inputs twice, forward alone, one build, us
+// (history/log.md, "an eleventh session"): bf16 8192x16384 262.0 in registers (1024 threads, 2 a thread),
+// 264.2 in shared memory, 266.3 in the kept blocks (Liger 262.4); f32 16384x8192 517.2, 524.0, 518.5 (Liger
+// 519.7). At 4 vectors a thread registers and shared memory ran even
 // (bf16 4096x32768 260.8 / 260.3, f32 8192x16384 512.7 / 512.0); at 1 (1024 vectors) the stream kernel lost
 // 26% to the kept blocks (bf16 16384x8192 330.9 against 261.6).
 template <bool kAdd>
@@ -571,8 +625,8 @@ StreamRows stream_rows(int64_t chunks, int threads, bool fits_smem, int cluster 
   const int per = chunks % threads == 0 ? static_cast<int>(chunks / threads) : 0;
   if constexpr (kAdd) {
     if (cluster > 1) return {per, Keep::kShared, cluster};  // `chunks` is a block's part (add_stream_cluster)
+    if (threads == kAddAgainThreads) return {per, Keep::kInputsAgain};  // stream_threads: per is 2 or 4
     if (threads < kStreamMaxThreads) return {4, Keep::kRegisters};  // stream_threads: chunks == 4 * threads
-    if (per == 2) return {2, Keep::kRegisters};
     if (!fits_smem) return {0, Keep::kReadBack};
     return {per == 4 || per == 8 ? per : 0, Keep::kShared};
   } else {
@@ -580,16 +634,18 @@ StreamRows stream_rows(int64_t chunks, int threads, bool fits_smem, int cluster 
   }
 }
 
-// The stream kernel that takes `rows` (stream_rows), weight given or not. add_rms_norm's 1024-thread kPer
-// kernels take the block size as a constant; its small blocks (32 or 64 threads) read it from blockDim.
+// The stream kernel that takes `rows` (stream_rows), weight given or not. add_rms_norm's 512- and 1024-thread
+// kPer kernels take the block size as a constant; its small blocks (32 or 64 threads) read it from blockDim.
 template <typename T, typename W, int kC, bool kAdd, bool kWeight>
 auto stream_kernel_for(StreamRows rows) {
   constexpr int kFixed = kStreamMaxThreads;
   if constexpr (kAdd) {
-    if (rows.keep == Keep::kRegisters) {
-      return rows.per == 2 ? norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kRegisters, 2, kFixed>
-                           : norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kRegisters, 4>;
+    if (rows.keep == Keep::kInputsAgain) {
+      constexpr int kAgain = kAddAgainThreads;
+      return rows.per == 2 ? norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kInputsAgain, 2, kAgain>
+                           : norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kInputsAgain, 4, kAgain>;
     }
+    if (rows.keep == Keep::kRegisters) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kRegisters, 4>;
     if (rows.cluster > 1) {
       return rows.per == 4 ? norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 4, kFixed, true>
                            : norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 8, kFixed, true>;
