@@ -216,6 +216,17 @@ enum class Keep { kReadBack, kShared, kRegisters, kInputsAgain };
 // the j-th of them): batch(c, j) takes kBatch of them at once, chunks c, c + threads, ..., c + (kBatch - 1) *
 // threads. With kPer > 0 (exactly kPer chunks a thread) a fixed count of batches; else batches while whole
 // ones remain, then one(c, j) for each chunk left.
+// Keep::kInputsAgain's loads of one batch: input chunks c, c + threads, ... into x, the residual's into r (all
+// of the input's issued first), with L1 use kL1 and L2 policy `policy`.
+template <L1Use kL1, typename T, int kC, int kBatch>
+__device__ __forceinline__ void load_pair(const T* xr, const T* rr, int c, int threads, uint64_t policy,
+                                          AlignedVector<T, kC> (&x)[kBatch], AlignedVector<T, kC> (&r)[kBatch]) {
+#pragma unroll
+  for (int k = 0; k < kBatch; ++k) x[k] = load_vector_l2<T, kC, kL1>(xr, c + k * threads, policy);
+#pragma unroll
+  for (int k = 0; k < kBatch; ++k) r[k] = load_vector_l2<T, kC, kL1>(rr, c + k * threads, policy);
+}
+
 template <int kPer, int kBatch, typename Batch, typename One>
 __device__ __forceinline__ void stream_sweep(int threads, int n_chunks, Batch&& batch, One&& one) {
   int c = threadIdx.x;
@@ -303,10 +314,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
       if constexpr (kAgain) {
         // the lines stay in L1 and L2 for sweep 2; nothing is stored yet
         Chunk o[kIn];
-#pragma unroll
-        for (int k = 0; k < kIn; ++k) v[k] = load_vector_l2<T, kC, L1Use::kEvictLast>(xr, c + k * threads, keep);
-#pragma unroll
-        for (int k = 0; k < kIn; ++k) o[k] = load_vector_l2<T, kC, L1Use::kEvictLast>(rr, c + k * threads, keep);
+        load_pair<L1Use::kEvictLast>(xr, rr, c, threads, keep, v, o);
 #pragma unroll
         for (int k = 0; k < kIn; ++k) v[k] = add_rounded<A>(v[k], o[k]);
       } else if constexpr (kAdd) {
@@ -347,10 +355,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
       WChunk w[kOut];
       if constexpr (kAgain) {
         Chunk o[kOut];
-#pragma unroll
-        for (int k = 0; k < kOut; ++k) v[k] = load_vector_l2<T, kC, L1Use::kEvictFirst>(xr, c + k * threads, drop);
-#pragma unroll
-        for (int k = 0; k < kOut; ++k) o[k] = load_vector_l2<T, kC, L1Use::kEvictFirst>(rr, c + k * threads, drop);
+        load_pair<L1Use::kEvictFirst>(xr, rr, c, threads, drop, v, o);
         if constexpr (kWeight) {
 #pragma unroll
           for (int k = 0; k < kOut; ++k) {
