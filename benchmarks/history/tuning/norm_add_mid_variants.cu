@@ -43,6 +43,7 @@
 
 #include "../../../csrc/cuda/rms_norm_forward.cuh"
 #include "cuda_check.h"
+#include "norm_vec.h"
 
 namespace {
 
@@ -108,34 +109,6 @@ __device__ __forceinline__ void store16(uint4* p, uint4 u, uint64_t pol) {
                  "r"(u.z), "r"(u.w), "l"(pol)
                  : "memory");
   }
-}
-
-template <typename T>
-struct Vec;
-template <>
-struct Vec<__nv_bfloat16> {
-  static constexpr int kN = 8;
-  using Sum = float;
-  __device__ static float get(const uint4& u, int i) {
-    const uint32_t w = (&u.x)[i / 2];
-    return __uint_as_float(i % 2 ? (w & 0xffff0000u) : (w << 16));
-  }
-  __device__ static void set(uint4& u, int i, float f) {
-    const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-    uint32_t& w = (&u.x)[i / 2];
-    w = i % 2 ? ((w & 0xffffu) | (b << 16)) : ((w & 0xffff0000u) | b);
-  }
-};
-template <>
-struct Vec<float> {
-  static constexpr int kN = 4;
-  using Sum = double;
-  __device__ static float get(const uint4& u, int i) { return __uint_as_float((&u.x)[i]); }
-  __device__ static void set(uint4& u, int i, float f) { (&u.x)[i] = __float_as_uint(f); }
-};
-
-__device__ __forceinline__ void opaque(uint4& u) {  // keeps a packed vector packed over the row sum
-  asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
 }
 
 // The sum over the blockDim.x threads of this thread's row (threadIdx.y), the same bits in each of them.
@@ -279,12 +252,6 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    dst[i] = src[i];
-  }
-}
-
 // Values in [-1, 1) from a hash of the index, written on the device (the large inputs would take seconds on
 // the host); the host recomputes the rows it checks.
 __host__ __device__ inline float hashed(uint64_t i, uint32_t salt) {
@@ -295,24 +262,6 @@ __host__ __device__ inline float hashed(uint64_t i, uint32_t salt) {
   s *= 0x846ca68bu;
   s ^= s >> 16;
   return (s >> 8) / float(1 << 24) * 2.f - 1.f;
-}
-
-template <typename T>
-__host__ __device__ inline T from_float(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return __float2bfloat16_rn(v);
-  }
-}
-
-template <typename T>
-__host__ __device__ inline float to_float(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return __bfloat162float(v);
-  }
 }
 
 template <typename T>

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "norm_vec.h"
 #ifdef WITH_LIBRARY
 #include "../../../csrc/cuda/rms_norm_forward.cuh"
 #endif
@@ -83,33 +84,6 @@ __device__ __forceinline__ void store16(void* p, uint4 u, uint64_t policy) {
                  "r"(u.y), "r"(u.z), "r"(u.w), "l"(policy)
                  : "memory");
   }
-}
-
-// The 16-byte vector's elements as floats, and back (bf16: 8 a vector, rounded to nearest even; f32: 4).
-template <typename T>
-struct Vec;
-template <>
-struct Vec<__nv_bfloat16> {
-  static constexpr int kN = 8;
-  __device__ static float get(const uint4& u, int i) {
-    const uint32_t w = (&u.x)[i / 2];
-    return __uint_as_float(i % 2 ? (w & 0xffff0000u) : (w << 16));
-  }
-  __device__ static void set(uint4& u, int i, float f) {
-    const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-    uint32_t& w = (&u.x)[i / 2];
-    w = i % 2 ? ((w & 0xffffu) | (b << 16)) : ((w & 0xffff0000u) | b);
-  }
-};
-template <>
-struct Vec<float> {
-  static constexpr int kN = 4;
-  __device__ static float get(const uint4& u, int i) { return __uint_as_float((&u.x)[i]); }
-  __device__ static void set(uint4& u, int i, float f) { (&u.x)[i] = __float_as_uint(f); }
-};
-
-__device__ __forceinline__ void opaque(uint4& u) {  // keeps a packed vector packed over the row sum
-  asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
 }
 
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
@@ -186,30 +160,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < V::kN; ++i) V::set(out, i, V::get(a, i) * rs * V::get(wv, i));
     store16<kHints>(yr + c, out, first);
-  }
-}
-
-__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    dst[i] = src[i];
-  }
-}
-
-template <typename T>
-float to_float(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return __bfloat162float(v);
-  }
-}
-
-template <typename T>
-T from_float(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return __float2bfloat16_rn(v);
   }
 }
 
@@ -307,11 +257,16 @@ void run_shape(int rows) {
            ms * 1e3, 100.0 * copy_ms / ms, attr.numRegs, int(attr.localSizeBytes));
   };
 #endif
+#ifdef WITH_LIBRARY
+  // the library's Keep: add_rms_norm keeps residual_out in shared memory, rms_norm reads its row back
+  using torchops::rms_norm_kernels::Keep;
+  constexpr Keep kKeep = kAdd ? Keep::kShared : Keep::kReadBack;
+#endif
   for (int round = 0; round < 2; ++round) {
 #ifdef WITH_LIBRARY
-    library(torchops::rms_norm_kernels::norm_forward_stream_kernel<L, L, kC, kAdd, true, kAdd>, "library loop kernel");
+    library(torchops::rms_norm_kernels::norm_forward_stream_kernel<L, L, kC, kAdd, true, kKeep>, "library loop kernel");
     if constexpr (kPer % 4 == 0) {  // the library's kPer kernel takes whole batches of 4
-      library(torchops::rms_norm_kernels::norm_forward_stream_kernel<L, L, kC, kAdd, true, kAdd, kPer>,
+      library(torchops::rms_norm_kernels::norm_forward_stream_kernel<L, L, kC, kAdd, true, kKeep, kPer>,
               "library kPer kernel");
     }
 #endif

@@ -42,12 +42,15 @@ using torchops::cuda::vector_size;
 using torchops::cuda::L2Evict;
 __device__ __forceinline__ uint64_t policy_keep() { return torchops::cuda::l2_policy<L2Evict::kLast>(); }
 __device__ __forceinline__ uint64_t policy_drop() { return torchops::cuda::l2_policy<L2Evict::kFirst>(); }
-template <bool kL1 = true>
+using torchops::cuda::L1Use;
+template <L1Use kL1 = L1Use::kNormal>
 __device__ __forceinline__ uint4 load_hint(const uint4* p, uint64_t policy) {
   const auto v = torchops::cuda::load_vector_l2<uint32_t, 4, kL1>(reinterpret_cast<const uint32_t*>(p), 0, policy);
   return make_uint4(v.val[0], v.val[1], v.val[2], v.val[3]);
 }
-__device__ __forceinline__ uint4 load_hint_no_l1(const uint4* p, uint64_t policy) { return load_hint<false>(p, policy); }
+__device__ __forceinline__ uint4 load_hint_no_l1(const uint4* p, uint64_t policy) {
+  return load_hint<L1Use::kNoAllocate>(p, policy);
+}
 __device__ __forceinline__ void store_hint(uint4* p, uint4 v, uint64_t policy) {
   const torchops::cuda::AlignedVector<uint32_t, 4> w{{v.x, v.y, v.z, v.w}};
   torchops::cuda::store_vector_l2(reinterpret_cast<uint32_t*>(p), 0, w, policy);
