@@ -199,23 +199,6 @@ constexpr int kStreamInFlight = 4;
 // only then (see stream_threads).
 enum class Keep { kReadBack, kShared, kRegisters, kInputsAgain };
 
-// kPer > 0: rows of exactly kPer vectors a thread (stream_rows), every sweep a fixed number of batches with
-// no loop bounds or tails: between a row's loads and its stores (one or two blocks an SM) every instruction
-// is on the critical path. add_rms_norm's kPer rows (residual_out always kept) read input and residual and
-// write residual_out without L2 hints. __launch_bounds__'s minimum of one block an SM lets ptxas
-// use up to 64 registers: without it the kPer kernels took 50-51 and ran f32 4096x32768 at 266-269 us
-// against 256 (separate builds); the loop kernel keeps ptxas's own choice (32-46 registers; with the minimum
-// it took 56-60 and ran 1-3% slower). Against the loop kernel, forward alone through the op, one build,
-// three interleaved do_bench rounds, us (history/log.md, "a tenth session"): rms_norm f32 4096x32768 256.0
-// against 271.2 (torch.compile 256.5), bf16 2048x65536 132.8 against 148.9, bf16 4096x32768 (512 threads)
-// 131.2 against 132.1; add_rms_norm bf16 4096x32768 262.0 against 278.9 (Liger 263.4), bf16 2048x65536
-// 266.8 against 284.2, f32 8192x16384 513.0 against 521.2, f32 4096x32768 521.4 against 525.9.
-// kCluster: add_rms_norm's rows split over the blocks of a cluster (add_stream_cluster), each block its part of
-// the row (kPer vectors a thread, residual_out in shared memory), the row's sum added over the cluster.
-// One sweep of the stream kernel over this thread's chunks c = threadIdx.x, c + threads, ... (its j-th chunk
-// the j-th of them): batch(c, j) takes kBatch of them at once, chunks c, c + threads, ..., c + (kBatch - 1) *
-// threads. With kPer > 0 (exactly kPer chunks a thread) a fixed count of batches; else batches while whole
-// ones remain, then one(c, j) for each chunk left.
 // Keep::kInputsAgain's loads of one batch: input chunks c, c + threads, ... into x, the residual's into r (all
 // of the input's issued first), with L1 use kL1 and L2 policy `policy`.
 template <L1Use kL1, typename T, int kC, int kBatch>
@@ -227,6 +210,10 @@ __device__ __forceinline__ void load_pair(const T* xr, const T* rr, int c, int t
   for (int k = 0; k < kBatch; ++k) r[k] = load_vector_l2<T, kC, kL1>(rr, c + k * threads, policy);
 }
 
+// One sweep of the stream kernel over this thread's chunks c = threadIdx.x, c + threads, ... (its j-th chunk
+// the j-th of them): batch(c, j) takes kBatch of them at once, chunks c, c + threads, ..., c + (kBatch - 1) *
+// threads. With kPer > 0 (exactly kPer chunks a thread) a fixed count of batches; else batches while whole
+// ones remain, then one(c, j) for each chunk left.
 template <int kPer, int kBatch, typename Batch, typename One>
 __device__ __forceinline__ void stream_sweep(int threads, int n_chunks, Batch&& batch, One&& one) {
   int c = threadIdx.x;
@@ -240,6 +227,19 @@ __device__ __forceinline__ void stream_sweep(int threads, int n_chunks, Batch&& 
   }
 }
 
+// kPer > 0: rows of exactly kPer vectors a thread (stream_rows), every sweep a fixed number of batches with no loop
+// bounds or tails: between a row's loads and its stores (one or two blocks an SM) every instruction is on the
+// critical path. add_rms_norm's kPer rows keep residual_out and read input and residual and write residual_out
+// without L2 hints, or (Keep::kInputsAgain) read input and residual twice with L1 and L2 priorities.
+// __launch_bounds__'s minimum of one block an SM lets ptxas use up to 64 registers: without it the kPer kernels
+// took 50-51 and ran f32 4096x32768 at 266-269 us against 256 (separate builds); the loop kernel keeps ptxas's own
+// choice (32-46 registers; with the minimum it took 56-60 and ran 1-3% slower). Against the loop kernel, forward
+// alone through the op, one build, three interleaved do_bench rounds, us (history/log.md, "a tenth session"):
+// rms_norm f32 4096x32768 256.0 against 271.2 (torch.compile 256.5), bf16 2048x65536 132.8 against 148.9, bf16
+// 4096x32768 (512 threads) 131.2 against 132.1; add_rms_norm bf16 4096x32768 262.0 against 278.9 (Liger 263.4),
+// bf16 2048x65536 266.8 against 284.2, f32 8192x16384 513.0 against 521.2, f32 4096x32768 521.4 against 525.9.
+// kCluster: add_rms_norm's rows split over the blocks of a cluster (add_stream_cluster), each block its part of
+// the row (kPer vectors a thread, residual_out in shared memory), the row's sum added over the cluster.
 template <typename T, typename W, int kC, bool kAdd, bool kWeight, Keep kKeep, int kPer = 0, int kThreads = 0,
           bool kCluster = false>
 __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
