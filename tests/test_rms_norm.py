@@ -392,18 +392,21 @@ def _dweight_rtol(dtype: torch.dtype) -> float:
 # keeps 512 x 4, and its rows of whole 16-byte vectors from 256 to 2048 vectors (16-bit 2048-16384, f32
 # 1024-8192; from 64 with add_rms_norm's grad_residual_out: 16-bit 512, f32 256; 2040 and 1016 just below) take
 # the staged blocks, longer ones a cluster of up to 8 staged blocks of 8192 elements each on sm_90+ (16-bit
-# 16392-65536, f32 8196-65536; 131072: past it). Forward rows of whole 16-byte vectors from 128 vectors up
-# (16-bit N >= 1024, f32 512, f64 256; 1016: 127 vectors) take the stream blocks, sized 4 vectors a thread up to
-# 2048 vectors (4104: 513 vectors, a partial batch), 512 threads up to 4096 vectors (16392) unless the rows in
-# flight overflow L1 (16-bit with a weight at 32768: 1024), 1024 past them (32776); add_rms_norm's from its 2048
-# vectors (16-bit 16384, f32 8192, f64 4096), residual_out kept in shared memory up to 14336 vectors, longer
-# rows split over a cluster of 2-8 blocks where each block's part is exactly 4 or 8 vectors a thread (16-bit
-# 131072, f32 65536 and 131072, f64 32768-131072), else read back from L2 (16-bit 131080). Rows of exactly 8
-# vectors a thread (f32 16384 and 32768, 16-bit 32768 and 65536; add_rms_norm's also 4: f32 16384, 16-bit 32768)
-# take the straight-line stream kernel, and so do add_rms_norm's rows of exactly 2 (2048 vectors) and its rows
-# of exactly 128 or 256 vectors (16-bit 1024 / 2048, f32 512 / 1024, f64 256 / 512: blocks of 32 or 64 threads),
-# residual_out in registers. Shorter warp rows of whole vectors go two to a warp up to 4 vectors a lane (16-bit
-# N <= 1016, f32 508, f64 254; add_rms_norm up to 1: 256, 128, 64), 37 rows leaving the last warp one.
+# 16392-65536, f32 8196-65536; 131072: past it). Plain forward rows of exactly 128 or 256 vectors (16-bit N =
+# 1024 / 2048, f32 512 / 1024, f64 256 / 512) go a warp a row, four rows a block (37 rows: the last block
+# partial); other rows of whole 16-byte vectors from 128 vectors up (1016: 127 vectors; 1032, 2056) take the
+# stream blocks, sized 4 vectors a thread up to 2048 vectors (4104: 513 vectors, a partial batch), 512 threads
+# up to 4096 vectors (16392) unless the rows in flight overflow L1 (16-bit with a weight at 32768: 1024), 1024
+# past them (32776); add_rms_norm's from its 2048 vectors (16-bit 16384, f32 8192, f64 4096), residual_out kept
+# in shared memory up to 14336 vectors, longer rows split over a cluster of 2-8 blocks where each block's part
+# is exactly 4 or 8 vectors a thread (16-bit 131072, f32 65536 and 131072, f64 32768-131072), else read back
+# from L2 (16-bit 131080). Rows of exactly 8 vectors a thread (f32 16384 and 32768, 16-bit 32768 and 65536;
+# add_rms_norm's also 4: f32 16384, 16-bit 32768) take the straight-line stream kernel, and so do plain rows of
+# exactly 4 in blocks of 128-256 threads (16-bit 4096 / 8192, f32 2048 / 4096, f64 1024 / 2048) and
+# add_rms_norm's rows that read input and residual twice: 128-512 vectors in whole warps, one a thread (16-bit
+# 1024-4096, f32 512-2048, f64 256-1024), and exactly 1024 or 2048 (16-bit 8192 / 16384, f32 4096 / 8192, f64
+# 2048 / 4096). Shorter warp rows of whole vectors go two to a warp up to 4 vectors a lane (16-bit N <= 1016,
+# f32 508, f64 254; add_rms_norm up to 1: 256, 128, 64), 37 rows leaving the last warp one.
 _CUDA_NS = [1, 2, 3, 8, 31, 32, 33, 255, 256, 257, 512, 513, 1016, 1024, 1025, 1032, 2040, 2048, 2056, 4096, 4104,
             8192, 8192 + 3, 8196, 12288, 16384, 16388, 16392, 32768, 32776, 40000, 65536, 131072, 131080]
 # _CUDA_NS in runs of four, one test each: parallel workers share them out (under compute-sanitizer one
@@ -556,12 +559,13 @@ def test_cuda_long_rows_forward_many_rows(dtype: torch.dtype) -> None:
     # row in shared memory, each thread its own chunks, split over a cluster's blocks where one block's does
     # not hold it (16384 vectors: f32 65536, 16-bit 131072), and read it back from L2 where no split fits):
     # more rows than blocks, rows whose chunks do not divide evenly over the threads or are exactly 2, 4 or 8
-    # a thread (the straight-line kernel: 2048, 4096 and 8192 vectors; add_rms_norm's 2 and its small blocks
-    # of 128 and 256 vectors keep residual_out in registers), plain rms_norm and add_rms_norm, with and
-    # without the weight and its offset, rstd included.
+    # a thread (the straight-line kernel: plain rows of 512, 1024, 4096 and 8192 vectors; add_rms_norm's of
+    # 128-512 vectors in whole warps, one a thread, and 1024 and 2048, 2 and 4 a thread, read twice); plain
+    # rows of 128 and 256 vectors a warp a row, 5000 and 3000 rows over blocks of 4; plain rms_norm and
+    # add_rms_norm, with and without the weight and its offset, rstd included.
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
-    for n_vectors, rows in ((128, 5000), (256, 3000), (2048, 600), (2049, 600), (4096, 300), (4100, 300), (6001, 200),
-                            (8192, 100), (16384, 40)):
+    for n_vectors, rows in ((128, 5000), (256, 3000), (384, 2000), (512, 2000), (1024, 1000), (2048, 600), (2049, 600),
+                            (4096, 300), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
         n = n_vectors * per_vector
         x, r = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
         for w in (random_tensor((n,), dtype, "cuda"), None):

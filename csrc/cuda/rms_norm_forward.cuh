@@ -167,16 +167,16 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   }
 }
 
-// Stream rows: a block per row keeping nothing in registers between its two sweeps (but add_rms_norm's Keep::kRegisters
-// below), for rows of 16-byte vectors (kC = T's vector width) from stream_threads' sizes up. Sweep 1 reads the row
-// (kInFlight vectors a thread in flight) and sums its squares; sweep 2 reads it again and writes the output. Sweep 1's
-// reads ask L2 to keep the lines and allocate in L1, so sweep 2 finds the row in L1 when the rows in flight on an SM
-// fit it (stream_threads sizes the blocks for that), else in L2; sweep 2's reads and the stores ask L2 to drop their
-// lines first. kAdd: sweep 1 reads input and residual once (drop) and writes residual_out; with Keep::kShared it keeps
-// residual_out in shared memory too, each thread its own chunks (its j-th at kept[j * threads]: no barrier), with
-// Keep::kRegisters in registers (kPer kernels only), and sweep 2 reads it from there, else (Keep::kReadBack) back from
-// L2 (written with the keep hint; stores do not fill L1); with Keep::kInputsAgain sweep 1 stores nothing, and sweep 2
-// reads input and residual again, adds them again and stores residual_out beside the output (stream_threads). Kept
+// Stream rows: a block per row keeping nothing in registers between its two sweeps, for rows of 16-byte vectors
+// (kC = T's vector width) from stream_threads' sizes up. Sweep 1 reads the row (kInFlight vectors a thread in
+// flight) and sums its squares; sweep 2 reads it again and writes the output. Sweep 1's reads ask L2 to keep the
+// lines and allocate in L1, so sweep 2 finds the row in L1 when the rows in flight on an SM fit it (stream_threads
+// sizes the blocks for that), else in L2; sweep 2's reads and the stores ask L2 to drop their lines first. kAdd:
+// sweep 1 reads input and residual once (drop) and writes residual_out; with Keep::kShared it keeps residual_out in
+// shared memory too, each thread its own chunks (its j-th at kept[j * threads]: no barrier), and sweep 2 reads it
+// from there, else (Keep::kReadBack) back from L2 (written with the keep hint; stores do not fill L1); with
+// Keep::kInputsAgain sweep 1 stores nothing, and sweep 2 reads input and residual again, adds them again and stores
+// residual_out beside the output (stream_threads). Kept
 // against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32 4096x32768 552 / 550 us in two runs
 // against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536 284 / 283 against 289; rows too long for shared memory
 // (f32 past 57344 elements) read back. f32 rows kept in shared memory read input and residual and write residual_out
@@ -191,13 +191,16 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
 // longer than its kept units, slower at shorter ones (where it keeps the kept blocks).
 constexpr int kStreamMaxThreads = 1024;
 constexpr int kAddAgainThreads = 512;  // add_rms_norm's blocks reading input and residual twice (stream_threads)
+// The read-twice kernel's launch bound at one vector a thread: four 512-thread blocks an SM, which holds ptxas
+// to 32 registers (stream_threads)
+constexpr int kAddOneMinBlocks = 4;
 constexpr int kStreamInFlight = 4;
 
 // Where the stream kernel finds a row's values for sweep 2: read again (rms_norm: the input, from L1 or L2;
-// add_rms_norm: residual_out, from L2), add_rms_norm's residual_out kept in shared memory or registers, or
-// (kInputsAgain) add_rms_norm's input and residual read again and added a second time, residual_out stored
-// only then (see stream_threads).
-enum class Keep { kReadBack, kShared, kRegisters, kInputsAgain };
+// add_rms_norm: residual_out, from L2), add_rms_norm's residual_out kept in shared memory, or (kInputsAgain)
+// add_rms_norm's input and residual read again and added a second time, residual_out stored only then (see
+// stream_threads).
+enum class Keep { kReadBack, kShared, kInputsAgain };
 
 // Keep::kInputsAgain's loads of one batch: input chunks c, c + threads, ... into x, the residual's into r (all
 // of the input's issued first), with L1 use kL1 and L2 policy `policy`.
@@ -230,8 +233,10 @@ __device__ __forceinline__ void stream_sweep(int threads, int n_chunks, Batch&& 
 // kPer > 0: rows of exactly kPer vectors a thread (stream_rows), every sweep a fixed number of batches with no loop
 // bounds or tails: between a row's loads and its stores (one or two blocks an SM) every instruction is on the
 // critical path. add_rms_norm's kPer rows keep residual_out and read input and residual and write residual_out
-// without L2 hints, or (Keep::kInputsAgain) read input and residual twice with L1 and L2 priorities.
-// __launch_bounds__'s minimum of one block an SM lets ptxas use up to 64 registers: without it the kPer kernels
+// without L2 hints, or (Keep::kInputsAgain) read input and residual twice with L1 and L2 priorities; plain rows of
+// 4 a thread add Inductor's L1 priorities to the L2 hints (kL1Priorities; stream_rows).
+// __launch_bounds__'s minimum of one block an SM lets ptxas use up to 64 registers (add_rms_norm's read-twice
+// rows of one vector a thread: kAddOneMinBlocks, 32): without it the kPer kernels
 // took 50-51 and ran f32 4096x32768 at 266-269 us against 256 (separate builds); the loop kernel keeps ptxas's own
 // choice (32-46 registers; with the minimum it took 56-60 and ran 1-3% slower). Against the loop kernel, forward
 // alone through the op, one build, three interleaved do_bench rounds, us (history/log.md, "a tenth session"):
@@ -242,7 +247,8 @@ __device__ __forceinline__ void stream_sweep(int threads, int n_chunks, Batch&& 
 // the row (kPer vectors a thread, residual_out in shared memory), the row's sum added over the cluster.
 template <typename T, typename W, int kC, bool kAdd, bool kWeight, Keep kKeep, int kPer = 0, int kThreads = 0,
           bool kCluster = false>
-__global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
+__global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAddAgainThreads : kStreamMaxThreads,
+                                  kKeep == Keep::kInputsAgain && kPer == 1 ? kAddOneMinBlocks : kPer > 0 ? 1 : 0)
     norm_forward_stream_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
                                int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
                                opmath_t<T> offset, T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows,
@@ -251,16 +257,17 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
   using S = RowSum<T>;
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
-  constexpr bool kKept = kKeep == Keep::kShared, kHeld = kKeep == Keep::kRegisters;
+  constexpr bool kKept = kKeep == Keep::kShared;
   constexpr bool kAgain = kKeep == Keep::kInputsAgain;
+  // plain rows of 4 vectors a thread: sweep 1 reads with L1 "evict last", sweep 2 "evict first" (stream_rows)
+  constexpr bool kL1Priorities = !kAdd && kPer == 4;
   // sweep 1's batch: with kPer, all of a plain row's vectors at once (add_rms_norm's two inputs: up to 4 and 4)
   constexpr int kIn = kPer > 0 && !kAdd ? kPer : kPer > 0 && kPer < kStreamInFlight ? kPer : kStreamInFlight;
   // sweep 2's batch
   constexpr int kOut = kPer > 0 && kPer < kStreamInFlight ? kPer : kStreamInFlight;
   static_assert(kPer % kIn == 0 && kPer % kOut == 0, "whole batches");
   static_assert(kPer == 0 || !kAdd || kKeep != Keep::kReadBack, "add_rms_norm's kPer rows keep residual_out");
-  static_assert(!kHeld || (kAdd && kPer > 0), "residual_out in registers: a fixed count of vectors a thread");
-  static_assert(!kAgain || (kAdd && (kPer == 2 || kPer == 4) && !kCluster),
+  static_assert(!kAgain || (kAdd && (kPer == 1 || kPer == 2 || kPer == 4) && !kCluster),
                 "input and residual read again: one batch a sweep");
   __shared__ S scratch[kWarpSize];
   extern __shared__ __align__(16) unsigned char stream_smem[];
@@ -301,6 +308,8 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
         const Chunk v = add_rounded<A>(read_once(xr, c), read_once(rr, c));
         store_residual_out(hr, c, v);
         return v;
+      } else if constexpr (kL1Priorities) {
+        return load_vector_l2<T, kC, L1Use::kEvictLast>(xr, c, keep);
       } else {
         return load_vector_l2<T, kC>(xr, c, keep);
       }
@@ -308,7 +317,6 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
     // Sweep 1 over chunks c, c + threads, ..., c + (kIn - 1) * threads (the j-th to j + kIn - 1-th of this
     // thread's), all loads issued before any is used.
     S ss = 0;
-    Chunk held[kHeld ? kPer : 1];  // kHeld: this thread's residual_out
     auto sweep1_batch = [&](int c, int j) {
       Chunk v[kIn];
       if constexpr (kAgain) {
@@ -328,8 +336,10 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
           v[k] = add_rounded<A>(v[k], o[k]);
           store_residual_out(hr, c + k * threads, v[k]);
           if constexpr (kKept) kept[(j + k) * threads] = v[k];
-          if constexpr (kHeld) held[j + k] = v[k];
         }
+      } else if constexpr (kL1Priorities) {
+#pragma unroll
+        for (int k = 0; k < kIn; ++k) v[k] = load_vector_l2<T, kC, L1Use::kEvictLast>(xr, c + k * threads, keep);
       } else {
 #pragma unroll
         for (int k = 0; k < kIn; ++k) v[k] = load_vector_l2<T, kC>(xr, c + k * threads, keep);
@@ -375,24 +385,78 @@ __global__ void __launch_bounds__(kStreamMaxThreads, kPer > 0 ? 1 : 0)
       } else {
 #pragma unroll
         for (int k = 0; k < kOut; ++k) {
-          if constexpr (kHeld) {
-            v[k] = held[j + k];
-          } else {
-            v[k] = kKept ? kept[(j + k) * threads]
-                         : load_vector_l2<T, kC, L1Use::kNoAllocate>(again, c + k * threads, drop);
+          v[k] = kKept ? kept[(j + k) * threads]
+                       : load_vector_l2<T, kC, (kL1Priorities ? L1Use::kEvictFirst : L1Use::kNoAllocate)>(again, c + k * threads, drop);
+          if constexpr (kWeight) {
+            if constexpr (kL1Priorities && sizeof(W) == sizeof(T)) {
+              w[k] = load_vector_l2<W, kC, L1Use::kEvictLast>(w_part, c + k * threads, keep);
+            } else {
+              w[k] = load_vector<W, kC>(w_part, c + k * threads);
+            }
           }
-          if constexpr (kWeight) w[k] = load_vector<W, kC>(w_part, c + k * threads);
         }
 #pragma unroll
         for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k]);
       }
     };
     stream_sweep<kPer, kOut>(threads, n_chunks, sweep2_batch, [&](int c, int j) {
-      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, L1Use::kNoAllocate>(again, c, drop);
+      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, (kL1Priorities ? L1Use::kEvictFirst : L1Use::kNoAllocate)>(again, c, drop);
       write(c, v, kWeight ? load_vector<W, kC>(w_part, c) : WChunk{});
     });
   }
   if constexpr (kCluster) cluster_barrier();  // no block exits while a peer may still read its cluster_sums
+}
+
+// rms_norm's rows of exactly kPer * 32 vectors (128 or 256: bf16 N = 1024 / 2048, f32 512 / 1024): a warp a
+// row, kWarpRowsPerBlock rows a block, the row in registers, summed by the warp's shuffles alone (no barrier),
+// as Inductor's kernel does at bf16 65536x1024 (one warp a row); the stream kernel's blocks of 32 or 64 threads
+// synchronise a block per row. The input is read "evict last" and the output stored "evict first" in L2, as in
+// the stream kernel. At 4 vectors a lane the weight is read with the row, before the sum (at 8 that ran 15%
+// slower: bf16 4096x2048 14.2 us against 12.4). Kernel time with the host held ahead, three interleaved rounds,
+// us (history/log.md, "a fifteenth session"): bf16 65536x1024 67.5 against the stream blocks' 68.5 (weight read
+// after the sum 68.7, torch.compile 66.9), f32 65536x1024 128.3-128.5 (one to four warps a block) against 129.7
+// (torch.compile 130.3), bf16 4096x2048 12.4 against 12.8 (Liger 12.8).
+constexpr int kWarpRowsPerBlock = 4;
+
+template <typename T, typename W, int kC, bool kWeight, int kPer>
+__global__ void __launch_bounds__(kWarpRowsPerBlock * kWarpSize)
+    norm_forward_warp_rows_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
+                                  int64_t residual_row_stride, T* __restrict__ h_out, const W* __restrict__ weight,
+                                  opmath_t<T> offset, T* __restrict__ y, opmath_t<T>* __restrict__ rstd, int64_t rows,
+                                  int64_t n, opmath_t<T> eps) {
+  using A = opmath_t<T>;
+  using S = RowSum<T>;
+  using Chunk = AlignedVector<T, kC>;
+  using WChunk = AlignedVector<W, kC>;
+  constexpr bool kWeightFirst = kWeight && kPer == 4;
+  const int lane = threadIdx.x % kWarpSize;
+  const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / kWarpSize; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarpRowsPerBlock) {  // uniform over the warp
+    const T* xr = x + row * x_row_stride;
+    T* yr = y + row * n;
+    Chunk v[kPer];
+    WChunk w[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) v[k] = load_vector_l2<T, kC>(xr, lane + k * kWarpSize, keep);
+    if constexpr (kWeightFirst) {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) w[k] = load_vector<W, kC>(weight, lane + k * kWarpSize);
+    }
+    S ss = 0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) ss += chunk_squares<A>(v[k]);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) keep_packed(v[k]);
+    const A r = inverse_rms(warp_sum(ss), n, eps);
+    if (rstd != nullptr && lane == 0) rstd[row] = r;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int c = lane + k * kWarpSize;
+      if constexpr (kWeight && !kWeightFirst) w[k] = load_vector<W, kC>(weight, c);
+      store_vector_l2(yr, c, kWeight ? normalize(v[k], w[k], r, offset) : normalize(v[k], r), drop);
+    }
+  }
 }
 
 // Warp rows two at a time: a warp takes adjacent rows 2p and 2p + 1 (the second past the end only when the
@@ -538,33 +602,34 @@ struct AddForwardShapes {
 // at 512 threads against 132 at 1024 (768: 155; history/tuning/rms_norm_kernels.py); f32 (46 registers,
 // two blocks) keeps 512. 672-thread blocks ran f32 8192x16384 at 389 us against 255 (a thread's 6-7
 // vectors need more dependent rounds than 2 full batches).
+// Plain rows of exactly 128 or 256 vectors go a warp a row instead (norm_forward_warp_rows_kernel).
 // add_rms_norm: 1024-thread blocks from rows of 2048 vectors up (but 2048 exactly: below), measured fastest when it
 // read residual_out back from L2 (its rows do not fit L1 at any size); they keep that size with residual_out in shared
-// memory (stream_rows). Rows of exactly 128 or 256 vectors (bf16 N = 1024 / 2048, f32 512 / 1024) take blocks of 32 or
-// 64 threads, 4 vectors a thread; between them and under 2048 vectors (but 1024 exactly: below) the kept blocks were
-// faster. Forward alone, one build, three interleaved do_bench rounds, us (history/log.md, "an eleventh session"):
-// 65536x1024 bf16 132.3 against the warp rows' 135.5 (torch.compile 132.0, Liger 132.6), f32 258.6 against 263.5
-// (258.6, 258.7); bf16 4096x2048 21.8 against 23.8; at 512 and 1024 vectors the small blocks lost to the kept blocks
-// (bf16 32768x4096 264.6 against 262.8, f32 32768x4096 527.6 against 519.8, bf16 16384x8192 264.3 against 260.9).
-// add_rms_norm's rows of exactly 1024 or 2048 vectors (bf16 N = 8192 / 16384, f32 4096 / 8192) take
-// kAddAgainThreads threads (2 or 4 vectors a thread) reading input and residual twice, as Inductor's kernel
-// for `F.rms_norm(x + r), x + r` does: sweep 1 reads both with L1 and L2 "evict last" and stores nothing,
-// sweep 2 reads them again "evict first" (mostly from L1), adds them again and stores residual_out and the
-// output. Written apart from the library (benchmarks/history/tuning/norm_add_mid_variants.cu, history/log.md,
-// "a fourteenth session"), us, against the library's launch before: bf16 16384x8192 254.6 against 261.5,
-// 8192x16384 256.6 against 263.0; f32 32768x4096 498.7 against 519.7, 16384x8192 511.9 against 515.0; the
-// same form without hints, or with L1 or L2 priorities alone, ran even with the library or slower, and at
-// 1024 threads 5-17% slower. In the bench, through the op: bf16 258.4 / 256.0, f32 498.8 / 509.3 (were
-// 262.9 / 264.3, 518.9 / 517.7). Rows of 512 vectors (one a thread) ran bf16 32768x4096 at 250.3 apart from
-// the library, but 359 through it, where the kernel took 43 registers (two 512-thread blocks an SM, a
-// thread's two loads the only bytes in flight): they keep the kept blocks until a form capped at 32
-// registers is measured.
+// memory (stream_rows). Rows of 128 to 512 vectors in whole warps (bf16 N = 1024-4096, f32 512-2048) and of exactly
+// 1024 or 2048 (bf16 N = 8192 / 16384, f32 4096 / 8192) read input and residual twice, as Inductor's kernel for
+// `F.rms_norm(x + r), x + r` does: one vector a thread in blocks of one row's vectors, or kAddAgainThreads threads
+// with 2 or 4 vectors each. Sweep 1 reads both with L1 and L2 "evict last" and stores nothing; sweep 2 reads them
+// again "evict first" (mostly from L1), adds them again and stores residual_out and the output. Other rows under
+// 2048 vectors take the kept blocks. The 1024 and 2048 rows, written apart from the library
+// (benchmarks/history/tuning/norm_add_mid_variants.cu, history/log.md, "a fourteenth session"), us, against the
+// library's launch before: bf16 16384x8192 254.6 against 261.5, 8192x16384 256.6 against 263.0; f32 32768x4096
+// 498.7 against 519.7, 16384x8192 511.9 against 515.0; the same form without hints, or with L1 or L2 priorities
+// alone, ran even with the library or slower, and at 1024 threads 5-17% slower. The rows of one vector a thread,
+// through the op, kernel time with the host held ahead, three interleaved rounds, us (history/log.md, "a fifteenth
+// session"): bf16 32768x4096 252.1 against the kept blocks' 265.0 (Liger 266.8), f32 4096x2048 37.3 against 38.9
+// (Liger 37.2), bf16 65536x1024 129.8 against 132.3 in 32-thread blocks of 4 vectors a thread with residual_out in
+// registers (torch.compile 131.4), f32 65536x1024 253.7 against 258.7 (Liger 259.3); bf16 4096x2048 even (21.9
+// against 21.7, rounds 21.0-21.8; Liger 20.5). Without the four-block launch bound the kernel took 43 registers
+// and ran bf16 32768x4096 at 359 us.
 template <bool kAdd>
 int stream_threads(int64_t chunks) {
   if constexpr (kAdd) {
+    if (chunks % kWarpSize == 0 && chunks >= 4 * kWarpSize && chunks <= kAddAgainThreads) {
+      return static_cast<int>(chunks);
+    }
     if (chunks == 2 * kAddAgainThreads || chunks == 4 * kAddAgainThreads) return kAddAgainThreads;
     if (chunks >= int64_t{AddForwardShapes::kThreads} * AddForwardShapes::kUnits) return kStreamMaxThreads;
-    return chunks == 4 * kWarpSize || chunks == 8 * kWarpSize ? static_cast<int>(chunks / 4) : 0;
+    return 0;
   } else {
     if (chunks < 4 * kWarpSize) return 0;
     if (chunks <= 4 * 512) return round_to_warps(chunks / 4);
@@ -607,50 +672,51 @@ inline int add_stream_cluster(int64_t chunks, size_t smem_limit, int device) {
   return 1;
 }
 
-// Plain rows: exactly 8 vectors a thread take the kPer kernel. Plain rows of 4 (blocks of 32-512 threads)
-// stay on the loop kernel: its 32-46 registers keep more blocks an SM, and the straight-line kernel at 4 lost
-// up to 9% (bf16 4096x2048 13.5 us against 12.4, 8192x16384 138.6 against 130.5) for at most 1.3% gained
-// elsewhere (bf16 16384x8192 129.0 against 130.7); holding the row in registers instead of reading it
+// Plain rows: exactly 8 vectors a thread take the kPer kernel, and so do exactly 4 in blocks of 128-256 threads
+// (rows of 512-1024 vectors: bf16 N = 4096 / 8192, f32 2048 / 4096), with Inductor's L1 priorities on top of the
+// L2 hints (sweep 1 "evict last", sweep 2 "evict first"). Kernel time with the host held ahead, three interleaved
+// rounds, us (history/log.md, "a fifteenth session"): bf16 16384x8192 128.6 against the loop kernel's 130.4
+// (torch.compile 128.3), f32 32768x4096 252.4 against 253.5 (252.1), bf16 32768x4096 129.8 against 129.9; the
+// kPer kernel with or without the L1 priorities ran even at f32 32768x4096 and bf16 32768x4096. Other plain rows of
+// 4 stay on the loop kernel: in blocks of 64 threads (bf16 4096x2048 13.5 against 12.4) and 512 (8192x16384
+// 138.6 against 130.5) the straight-line kernel lost; holding the row in registers instead of reading it
 // again lost 4-11% (f32 16384x8192 271.3 against 256.3, bf16 16384x8192 143.4 against 130.8). Plain rows
 // longer than 8 vectors a thread read back from L2: split over a cluster into parts of exactly 8 (each block
 // reading its 128 KiB part again from L1, as one block does a bf16 65536 row) they lost 5-19%, forward alone,
 // one build, us: f32 2048x65536 372.7 against 318.5, bf16 1024x131072 202.1 against 188.4, f16 2048x131072
 // 372.7 against 330.4 (only f64 1024x65536 gained, 371.3 against 388.5).
-// add_rms_norm reads input and residual again in kAddAgainThreads blocks (stream_threads), keeps residual_out
-// in registers in the small blocks (4 a thread), else in shared memory where the row fits (`fits_smem`; with
-// `cluster` > 1, `chunks` is one block's part of a row split by add_stream_cluster), else it reads it back.
-// Rows of exactly 2048 vectors, before they read their inputs twice, forward alone, one build, us
-// (history/log.md, "an eleventh session"): bf16 8192x16384 262.0 in registers (1024 threads, 2 a thread),
-// 264.2 in shared memory, 266.3 in the kept blocks (Liger 262.4); f32 16384x8192 517.2, 524.0, 518.5 (Liger
-// 519.7). At 4 vectors a thread registers and shared memory ran even
-// (bf16 4096x32768 260.8 / 260.3, f32 8192x16384 512.7 / 512.0); at 1 (1024 vectors) the stream kernel lost
-// 26% to the kept blocks (bf16 16384x8192 330.9 against 261.6).
+// add_rms_norm reads input and residual twice in blocks of up to kAddAgainThreads (stream_threads: 1, 2 or 4
+// vectors a thread), else keeps residual_out in shared memory where the row fits (`fits_smem`; with `cluster` >
+// 1, `chunks` is one block's part of a row split by add_stream_cluster), else it reads it back. At 4 vectors a
+// thread of 1024 shared memory and registers ran even (bf16 4096x32768 260.3 / 260.8, f32 8192x16384 512.0 /
+// 512.7; history/log.md, "an eleventh session").
 template <bool kAdd>
 StreamRows stream_rows(int64_t chunks, int threads, bool fits_smem, int cluster = 1) {
   const int per = chunks % threads == 0 ? static_cast<int>(chunks / threads) : 0;
   if constexpr (kAdd) {
     if (cluster > 1) return {per, Keep::kShared, cluster};  // `chunks` is a block's part (add_stream_cluster)
-    if (threads == kAddAgainThreads) return {per, Keep::kInputsAgain};  // stream_threads: per is 2 or 4
-    if (threads < kStreamMaxThreads) return {4, Keep::kRegisters};  // stream_threads: chunks == 4 * threads
+    if (threads <= kAddAgainThreads) return {per, Keep::kInputsAgain};  // stream_threads: per is 1, 2 or 4
     if (!fits_smem) return {0, Keep::kReadBack};
     return {per == 4 || per == 8 ? per : 0, Keep::kShared};
   } else {
-    return {per == 8 ? 8 : 0, Keep::kReadBack};
+    const bool straight = per == 8 || (per == 4 && threads >= 4 * kWarpSize && threads <= 8 * kWarpSize);
+    return {straight ? per : 0, Keep::kReadBack};
   }
 }
 
 // The stream kernel that takes `rows` (stream_rows), weight given or not. add_rms_norm's 512- and 1024-thread
-// kPer kernels take the block size as a constant; its small blocks (32 or 64 threads) read it from blockDim.
+// kPer kernels take the block size as a constant, but at one vector a thread (blocks of 128-512 threads, one
+// row's vectors) read it from blockDim.
 template <typename T, typename W, int kC, bool kAdd, bool kWeight>
 auto stream_kernel_for(StreamRows rows) {
   constexpr int kFixed = kStreamMaxThreads;
   if constexpr (kAdd) {
     if (rows.keep == Keep::kInputsAgain) {
       constexpr int kAgain = kAddAgainThreads;
+      if (rows.per == 1) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kInputsAgain, 1>;
       return rows.per == 2 ? norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kInputsAgain, 2, kAgain>
                            : norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kInputsAgain, 4, kAgain>;
     }
-    if (rows.keep == Keep::kRegisters) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kRegisters, 4>;
     if (rows.cluster > 1) {
       return rows.per == 4 ? norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 4, kFixed, true>
                            : norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared, 8, kFixed, true>;
@@ -661,6 +727,7 @@ auto stream_kernel_for(StreamRows rows) {
       return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kShared>;
     }
   } else {
+    if (rows.per == 4) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kReadBack, 4>;
     if (rows.per == 8) return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kReadBack, 8>;
   }
   return norm_forward_stream_kernel<T, W, kC, kAdd, kWeight, Keep::kReadBack>;
@@ -683,6 +750,20 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
   if constexpr (kC > 1) {
     const int64_t chunks = n / kC;
     int threads = stream_threads<kAdd>(chunks);
+    if constexpr (!kAdd) {
+      if (chunks == 4 * kWarpSize || chunks == 8 * kWarpSize) {
+        auto pick = [&](auto per) {
+          constexpr int kPer = decltype(per)::value;
+          return a.weight != nullptr ? norm_forward_warp_rows_kernel<T, W, kC, true, kPer>
+                                     : norm_forward_warp_rows_kernel<T, W, kC, false, kPer>;
+        };
+        const auto kernel = chunks == 4 * kWarpSize ? pick(std::integral_constant<int, 4>{})
+                                                    : pick(std::integral_constant<int, 8>{});
+        launch_forward_kernel(kernel, blocks_to_cover(rows, kWarpRowsPerBlock), kWarpRowsPerBlock * kWarpSize, 0,
+                              stream, a, rows, n, eps, offset);
+        return;
+      }
+    }
     if (threads > 0) {
       const int device = c10::cuda::current_device();
       const bool weighted = a.weight != nullptr;
@@ -713,9 +794,9 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
           kernel = stream_kernel<T, W, kC, kAdd>(weighted, plan);
         }
       }
-      static OccupancyCache occupancy[2][2];  // the plain kernels: [weighted][kPer / 8]
+      static OccupancyCache occupancy[2][3];  // the plain kernels: [weighted][kPer / 4]
       if (!kAdd && threads < kStreamMaxThreads &&
-          !stream_fits_l1(kernel, occupancy[weighted][plan.per / 8], device, threads,
+          !stream_fits_l1(kernel, occupancy[weighted][plan.per / 4], device, threads,
                           n * static_cast<int64_t>(sizeof(T)))) {
         threads = kStreamMaxThreads;
         plan = stream_rows<kAdd>(chunks, threads, false);

@@ -1,7 +1,7 @@
 """Every CUDA rms_norm / add_rms_norm kernel path once on a few rows, for compute-sanitizer (racecheck,
-memcheck): warp, block, cluster and long-block forwards, the backward with dweight in shared memory and
-the column fallback. Inputs made and references computed on the CPU (float64), so that the sanitizer
-sees almost only our kernels.
+memcheck): warp, block, cluster and long-block forwards (the warp rows, and the stream kernel's straight-line,
+read-twice and loop forms), the backward with dweight in shared memory and the column fallback. Inputs made
+and references computed on the CPU (float64), so that the sanitizer sees almost only our kernels.
 
     compute-sanitizer --tool racecheck --kernel-regex kns=norm python benchmarks/history/tuning/norm_racecheck_paths.py
 """
@@ -13,8 +13,8 @@ import torchops  # noqa: F401
 
 EPS = 1e-6
 bad = 0
-cases = ((torch.bfloat16, (1000, 1024, 2048, 8192, 16384, 32768, 40000, 65536, 131072, 131080)),
-         (torch.float32, (512, 1024, 4096, 8192, 16384, 16388, 65536, 70000, 131072)))
+cases = ((torch.bfloat16, (1000, 1024, 2048, 3072, 4096, 8192, 16384, 32768, 40000, 65536, 131072, 131080)),
+         (torch.float32, (512, 1024, 2048, 4096, 8192, 16384, 16388, 65536, 70000, 131072)))
 for dt, ns in cases:
     for n in ns:
         x, r, w, dy = (torch.randn(*s).to(dt) for s in ((5, n), (5, n), (n,), (5, n)))
