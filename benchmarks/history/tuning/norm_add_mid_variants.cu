@@ -6,7 +6,7 @@
 // residual_out stored, the row sum in the library's precision: f64 per thread for f32 input, f32 for bf16;
 // warp shuffles, then one value a warp in shared memory), then stores the normalised row. Its L2 hints (kHints):
 //   kPlain:    plain loads and stores (the library's kept blocks);
-//   kYFirst:   plain loads, the output stored "evict first" (the library's stream kernel, kRegisters);
+//   kYFirst:   plain loads, the output stored "evict first" (the stream kernel's former Keep::kRegisters form);
 //   kLoadsFirst: input and residual loaded L2 "evict first", the weight "evict last", plain stores;
 //   kAllFirst:   kLoadsFirst, and both stores "evict first".
 // add_norm_twice is Inductor's form (its looped reduction): sweep 1 reads input and residual and sums the
