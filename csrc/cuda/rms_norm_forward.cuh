@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
   constexpr bool kAgain = kKeep == Keep::kInputsAgain;
   // plain rows of 4 vectors a thread: sweep 1 reads with L1 "evict last", sweep 2 "evict first" (stream_rows)
   constexpr bool kL1Priorities = !kAdd && kPer == 4;
+  constexpr L1Use kSecondRead = kL1Priorities ? L1Use::kEvictFirst : L1Use::kNoAllocate;  // sweep 2's read-again
   // sweep 1's batch: with kPer, all of a plain row's vectors at once (add_rms_norm's two inputs: up to 4 and 4)
   constexpr int kIn = kPer > 0 && !kAdd ? kPer : kPer > 0 && kPer < kStreamInFlight ? kPer : kStreamInFlight;
   // sweep 2's batch
@@ -385,8 +386,7 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
       } else {
 #pragma unroll
         for (int k = 0; k < kOut; ++k) {
-          v[k] = kKept ? kept[(j + k) * threads]
-                       : load_vector_l2<T, kC, (kL1Priorities ? L1Use::kEvictFirst : L1Use::kNoAllocate)>(again, c + k * threads, drop);
+          v[k] = kKept ? kept[(j + k) * threads] : load_vector_l2<T, kC, kSecondRead>(again, c + k * threads, drop);
           if constexpr (kWeight) {
             if constexpr (kL1Priorities && sizeof(W) == sizeof(T)) {
               w[k] = load_vector_l2<W, kC, L1Use::kEvictLast>(w_part, c + k * threads, keep);
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
       }
     };
     stream_sweep<kPer, kOut>(threads, n_chunks, sweep2_batch, [&](int c, int j) {
-      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, (kL1Priorities ? L1Use::kEvictFirst : L1Use::kNoAllocate)>(again, c, drop);
+      const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, kSecondRead>(again, c, drop);
       write(c, v, kWeight ? load_vector<W, kC>(w_part, c) : WChunk{});
     });
   }

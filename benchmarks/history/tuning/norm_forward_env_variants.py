@@ -76,7 +76,8 @@ def kernels_of(fn):
     for e in json.load(open(path))["traceEvents"]:
         if e.get("cat") == "kernel":
             a = e.get("args", {})
-            out.append(f"{e['name'][:70]} grid={a.get('grid')} block={a.get('block')} regs={a.get('registers per thread')} smem={a.get('shared memory')} dur={e.get('dur')}")
+            out.append(f"{e['name'][:70]} grid={a.get('grid')} block={a.get('block')} "
+                       f"regs={a.get('registers per thread')} smem={a.get('shared memory')} dur={e.get('dur')}")
     return out
 shapes = {
     "plain": [("bf16", 65536, 1024), ("bf16", 16384, 8192), ("f32", 16384, 8192), ("f32", 4096, 2048),
@@ -104,8 +105,10 @@ for dt, m, n in shapes:
         src, dst = (torch.empty(m * n, dtype=dtype, device="cuda") for _ in range(2))
         variants = {"default": {}, "L1=1": {"TORCHOPS_EXP_L1": 1}, "L1=2": {"TORCHOPS_EXP_L1": 2}}
         plan = {
-            "bf1665536x1024": [("w", 1, m_) for m_ in range(4)] + [("w", 4, m_) for m_ in range(4)] + [("w", 8, 1), ("w", 8, 3)],
-            "f3265536x1024": [("w", 1, m_) for m_ in range(4)] + [("w", 2, m_) for m_ in range(4)] + [("w", 4, 1), ("w", 4, 3)],
+            "bf1665536x1024": ([("w", 1, m_) for m_ in range(4)] + [("w", 4, m_) for m_ in range(4)]
+                               + [("w", 8, 1), ("w", 8, 3)]),
+            "f3265536x1024": ([("w", 1, m_) for m_ in range(4)] + [("w", 2, m_) for m_ in range(4)]
+                              + [("w", 4, 1), ("w", 4, 3)]),
             "bf164096x2048": [("w", 4, m_) for m_ in range(4)] + [("w", 8, 1), ("w", 8, 3)],
             "bf1616384x8192": [("t", 256, 2), ("t", 512, 0), ("t", 512, 1), ("t", 512, 2), ("t", 256, 1)],
             "f3216384x8192": [("t", 256, 0), ("t", 256, 1), ("t", 256, 2), ("t", 512, 0), ("t", 512, 1), ("t", 512, 2)],
