@@ -361,6 +361,15 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
     auto write = [&](int c, const Chunk& v, const WChunk& w) {
       store_vector_l2(yr, c, kWeight ? normalize(v, w, r, offset) : normalize(v, r), drop);
     };
+    // The weight's chunk c. Under Inductor's priorities (the read-twice rows, plain rows of 4 a thread) a 16-byte
+    // weight vector, which every block reads, is kept in L1 and L2.
+    auto read_weight = [&](int c) {
+      if constexpr ((kAgain || kL1Priorities) && sizeof(W) == sizeof(T)) {
+        return load_vector_l2<W, kC, L1Use::kEvictLast>(w_part, c, keep);
+      } else {
+        return load_vector<W, kC>(w_part, c);
+      }
+    };
     auto sweep2_batch = [&](int c, int j) {
       Chunk v[kOut];
       WChunk w[kOut];
@@ -369,13 +378,7 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
         load_pair<L1Use::kEvictFirst>(xr, rr, c, threads, drop, v, o);
         if constexpr (kWeight) {
 #pragma unroll
-          for (int k = 0; k < kOut; ++k) {
-            if constexpr (sizeof(W) == sizeof(T)) {  // a 16-byte vector: every block reads it, kept in L1 and L2
-              w[k] = load_vector_l2<W, kC, L1Use::kEvictLast>(w_part, c + k * threads, keep);
-            } else {
-              w[k] = load_vector<W, kC>(w_part, c + k * threads);
-            }
-          }
+          for (int k = 0; k < kOut; ++k) w[k] = read_weight(c + k * threads);
         }
 #pragma unroll
         for (int k = 0; k < kOut; ++k) {
@@ -387,13 +390,7 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
 #pragma unroll
         for (int k = 0; k < kOut; ++k) {
           v[k] = kKept ? kept[(j + k) * threads] : load_vector_l2<T, kC, kSecondRead>(again, c + k * threads, drop);
-          if constexpr (kWeight) {
-            if constexpr (kL1Priorities && sizeof(W) == sizeof(T)) {
-              w[k] = load_vector_l2<W, kC, L1Use::kEvictLast>(w_part, c + k * threads, keep);
-            } else {
-              w[k] = load_vector<W, kC>(w_part, c + k * threads);
-            }
-          }
+          if constexpr (kWeight) w[k] = read_weight(c + k * threads);
         }
 #pragma unroll
         for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k]);
@@ -401,7 +398,7 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
     };
     stream_sweep<kPer, kOut>(threads, n_chunks, sweep2_batch, [&](int c, int j) {
       const Chunk v = kKept ? kept[j * threads] : load_vector_l2<T, kC, kSecondRead>(again, c, drop);
-      write(c, v, kWeight ? load_vector<W, kC>(w_part, c) : WChunk{});
+      write(c, v, kWeight ? read_weight(c) : WChunk{});
     });
   }
   if constexpr (kCluster) cluster_barrier();  // no block exits while a peer may still read its cluster_sums
@@ -749,7 +746,6 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
               "rms_norm: rows of 2^31 - 2^16 elements or more are not supported on CUDA, got ", n);
   if constexpr (kC > 1) {
     const int64_t chunks = n / kC;
-    int threads = stream_threads<kAdd>(chunks);
     if constexpr (!kAdd) {
       if (chunks == 4 * kWarpSize || chunks == 8 * kWarpSize) {
         auto pick = [&](auto per) {
@@ -764,6 +760,7 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
         return;
       }
     }
+    int threads = stream_threads<kAdd>(chunks);
     if (threads > 0) {
       const int device = c10::cuda::current_device();
       const bool weighted = a.weight != nullptr;
