@@ -153,9 +153,7 @@ __global__ void __launch_bounds__(1024)
   S ss = 0;
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    uint4 s = {0, 0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < V::kN; ++i) V::set(s, i, V::get(v[k], i) + V::get(o[k], i));
+    const uint4 s = add_vec<T>(v[k], o[k]);
     v[k] = s;
     store16<kHStoreHint>(hr + k * threads + t, s, first);
 #pragma unroll
@@ -199,12 +197,6 @@ __global__ void __launch_bounds__(1024)
   uint4* hr = reinterpret_cast<uint4*>(h) + base;
   uint4* yr = reinterpret_cast<uint4*>(y) + base;
   const int t = threadIdx.x, threads = blockDim.x;
-  auto sum_of = [](const uint4& a, const uint4& b) {
-    uint4 s = {0, 0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < V::kN; ++i) V::set(s, i, V::get(a, i) + V::get(b, i));
-    return s;
-  };
   auto load = [&](const uint4* q, bool keep) {
     if constexpr (kHinted == 2) {
       return keep ? load16_l1<true>(q) : load16_l1<false>(q);
@@ -223,7 +215,7 @@ __global__ void __launch_bounds__(1024)
     for (int k = 0; k < kPer; ++k) o[k] = load(rr + k * threads + t, true);
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      const uint4 s = sum_of(v[k], o[k]);
+      const uint4 s = add_vec<T>(v[k], o[k]);
 #pragma unroll
       for (int i = 0; i < V::kN; ++i) {
         const S f = V::get(s, i);
@@ -243,7 +235,7 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int c = k * threads + t;
-    const uint4 s = sum_of(v[k], o[k]);
+    const uint4 s = add_vec<T>(v[k], o[k]);
     store16<false>(hr + c, s, first);
     uint4 out = {0, 0, 0, 0};
 #pragma unroll

@@ -120,9 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int k = 0; k < kPer; ++k) o[k] = load16<kHints>(rr + k * kThreads + threadIdx.x, first);
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      uint4 s = {0, 0, 0, 0};
-#pragma unroll
-      for (int i = 0; i < V::kN; ++i) V::set(s, i, V::get(v[k], i) + V::get(o[k], i));
+      const uint4 s = add_vec<T>(v[k], o[k]);
       v[k] = s;
       store16<kHints>(hr + k * kThreads + threadIdx.x, s, first);
       if constexpr (kMode == kSmem) kept[k * kThreads + threadIdx.x] = s;

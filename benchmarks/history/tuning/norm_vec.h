@@ -1,5 +1,5 @@
 // Helpers shared by the standalone norm tuning programs (norm_forward_resident.cu, norm_add_mid_variants.cu):
-// a 16-byte vector of bf16 or f32 held as uint4 (Vec<T>: element i as a float, and back), a barrier against
+// a 16-byte vector of bf16 or f32 held as uint4 (Vec<T>: element i as a float, and back; add_vec), a barrier against
 // ptxas unpacking it, a scalar's conversions to and from float, and a grid-stride device copy as the
 // reference for "a copy of the same bytes".
 #pragma once
@@ -35,6 +35,15 @@ struct Vec<float> {
   __device__ static float get(const uint4& u, int i) { return __uint_as_float((&u.x)[i]); }
   __device__ static void set(uint4& u, int i, float f) { (&u.x)[i] = __float_as_uint(f); }
 };
+
+// Element-wise a + b, each sum rounded to T (residual_out).
+template <typename T>
+__device__ __forceinline__ uint4 add_vec(const uint4& a, const uint4& b) {
+  uint4 s = {0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < Vec<T>::kN; ++i) Vec<T>::set(s, i, Vec<T>::get(a, i) + Vec<T>::get(b, i));
+  return s;
+}
 
 __device__ __forceinline__ void opaque(uint4& u) {  // keeps a packed vector packed over the row sum
   asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
