@@ -561,11 +561,13 @@ def test_cuda_long_rows_forward_many_rows(dtype: torch.dtype) -> None:
     # more rows than blocks, rows whose chunks do not divide evenly over the threads or are exactly 2, 4 or 8
     # a thread (the straight-line kernel: plain rows of 512, 1024, 4096 and 8192 vectors; add_rms_norm's of
     # 128-512 vectors in whole warps, one a thread, and 1024 and 2048, 2 and 4 a thread, read twice); plain
-    # rows of 128 and 256 vectors a warp a row, 5000 and 3000 rows over blocks of 4; plain rms_norm and
+    # rows of 128 and 256 vectors a warp a row, 5000 and 3000 rows over blocks of 4; rows of 512 vectors (and
+    # add_rms_norm's of 256) on at most 32 rows an SM kept in registers by 128-thread blocks (3000 and 2000
+    # rows), on more rows (6000: more than 32 an SM up to 187 SMs) the kernels above; plain rms_norm and
     # add_rms_norm, with and without the weight and its offset, rstd included.
     per_vector = 16 // torch.empty((), dtype=dtype).element_size()
-    for n_vectors, rows in ((128, 5000), (256, 3000), (384, 2000), (512, 2000), (1024, 1000), (2048, 600), (2049, 600),
-                            (4096, 300), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
+    for n_vectors, rows in ((128, 5000), (256, 3000), (256, 6000), (384, 2000), (512, 2000), (512, 6000), (1024, 1000),
+                            (2048, 600), (2049, 600), (4096, 300), (4100, 300), (6001, 200), (8192, 100), (16384, 40)):
         n = n_vectors * per_vector
         x, r = random_tensor((rows, n), dtype, "cuda"), random_tensor((rows, n), dtype, "cuda")
         for w in (random_tensor((n,), dtype, "cuda"), None):

@@ -9,12 +9,13 @@
 //             order. The weight's loads go out in groups of kWeightGroup chunks, again before any is used.
 // A row longer than the kept chunks reads its remainder a second time (add_rms_norm: from residual_out,
 // which the same thread wrote). 16-byte vector accesses when every row start is aligned, else the same
-// kernels with element-wise (still coalesced) accesses. Rows of 16-byte vectors take other kernels where
-// they measured faster (rms_norm_forward.cuh): the stream kernel, which keeps nothing and reads each row
-// twice, the second time from L1 or L2 (rms_norm's rows from 128 vectors; add_rms_norm's of 128-512 vectors,
-// 1024 and from 2048), a warp a row for rms_norm's rows of exactly 128 or 256 vectors, and a warp per two rows,
-// both in flight at once (rms_norm's shorter rows, add_rms_norm's of one vector a lane); plain rows of
-// vectors never take the kept kernel. The backward is in rms_norm_backward.cu.
+// kernels with element-wise (still coalesced) accesses. Rows of 16-byte vectors take other kernels where they measured
+// faster (rms_norm_forward.cuh): the stream kernel, which keeps nothing and reads each row twice, the second time from
+// L1 or L2 (rms_norm's rows from 128 vectors; add_rms_norm's of 128-512 vectors, 1024 and from 2048), a 128-thread
+// block a row kept in registers for rows of 512 vectors (add_rms_norm's of 256 too) on at most 32 rows an SM, a warp a
+// row for rms_norm's rows of exactly 128 or 256 vectors, and a warp per two rows, both in flight at once (rms_norm's
+// shorter rows, add_rms_norm's of one vector a lane); plain rows of vectors never take the kept kernel. The backward is
+// in rms_norm_backward.cu.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -456,6 +456,130 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * kWarpSize)
   }
 }
 
+// Rows of 256 or 512 vectors on few rows (register_rows): a 128-thread block a row, 2 or 4 vectors a thread,
+// the row (add_rms_norm: residual_out, stored at once) kept in registers, read once, the weight read before the
+// sum, one barrier a row. Where an SM has few rows to take, a row's latency from its loads to its
+// stores is what the kernel's time is made of, and this form, as Liger-Kernel's, has one read in it; the stream
+// kernel's second read and the read-twice form's pay off only over more rows. Plain f32 rows read their inputs
+// and store "evict first" and keep the weight "evict last" in L1 and L2 (kHints): with them f32 4096x2048 ran
+// 19.95 us against 20.80 without; the 16-bit rows and add_rms_norm ran faster without (bf16 4096x4096 21.42
+// against 23.84; history/log.md, "a sixteenth session").
+constexpr int kRegisterRowThreads = 128;
+
+template <typename T, typename W, int kC, bool kAdd, bool kWeight, int kPer>
+__global__ void __launch_bounds__(1024 / kPer)
+    norm_forward_register_rows_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
+                                      int64_t residual_row_stride, T* __restrict__ h_out,
+                                      const W* __restrict__ weight, opmath_t<T> offset, T* __restrict__ y,
+                                      opmath_t<T>* __restrict__ rstd, int64_t rows, int64_t n, opmath_t<T> eps) {
+  using A = opmath_t<T>;
+  using S = RowSum<T>;
+  using Chunk = AlignedVector<T, kC>;
+  using WChunk = AlignedVector<W, kC>;
+  constexpr bool kHints = !kAdd && sizeof(T) == 4;
+  __shared__ S scratch[2][kWarpSize];
+  // A row's threads: whole warps, kPer vectors each; blockDim / row_threads rows a block (launched with one: two
+  // ran 0-4% slower). The row guard below also keeps ptxas from sinking the weight's loads and residual_out's
+  // stores past the row's shuffles, as it did with one row a block as a constant (no guard); this form's SASS is
+  // the one timed (history/tuning/norm_forward_block_rows_variants.py).
+  const int row_threads = static_cast<int>(n / kC) / kPer;
+  const int per_block = static_cast<int>(blockDim.x) / row_threads;
+  const int sub = static_cast<int>(threadIdx.x) / row_threads, t = static_cast<int>(threadIdx.x) % row_threads;
+  const int row_warps = row_threads / kWarpSize, lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
+  auto read = [&](const T* base, int c) {
+    if constexpr (kHints) {
+      return load_vector_l2<T, kC, L1Use::kNoAllocate>(base, c, drop);
+    } else {
+      return load_vector<T, kC>(base, c);
+    }
+  };
+  auto write = [&](T* base, int c, const Chunk& v) {
+    if constexpr (kHints) {
+      store_vector_l2(base, c, v, drop);
+    } else {
+      store_vector<T, kC>(base, c, v);
+    }
+  };
+  auto read_weight = [&](int c) {
+    if constexpr (kHints && sizeof(W) == sizeof(T)) {
+      return load_vector_l2<W, kC, L1Use::kEvictLast>(weight, c, keep);
+    } else {
+      return load_vector<W, kC>(weight, c);
+    }
+  };
+  int parity = 0;  // the scratch's halves, alternating by row group: one barrier a group (as block_row_sum)
+  for (int64_t group = blockIdx.x; group * per_block < rows; group += gridDim.x, parity ^= 1) {
+    const int64_t row = group * per_block + sub;
+    const bool valid = row < rows;  // uniform over each warp
+    Chunk v[kPer];
+    WChunk w[kPer];
+    S ss = 0;
+    if (valid) {
+      const T* xr = x + row * x_row_stride;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) v[k] = read(xr, t + k * row_threads);
+      if constexpr (kAdd) {
+        const T* rr = residual + row * residual_row_stride;
+        T* hr = h_out + row * n;
+        Chunk o[kPer];
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) o[k] = read(rr, t + k * row_threads);
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+          v[k] = add_rounded<A>(v[k], o[k]);
+          write(hr, t + k * row_threads, v[k]);
+        }
+      }
+      if constexpr (kWeight) {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) w[k] = read_weight(t + k * row_threads);
+      }
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) ss += chunk_squares<A>(v[k]);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) keep_packed(v[k]);
+    }
+    // the row's sum: its warps' sums through the scratch half of this group
+    ss = warp_sum(ss);
+    if (lane == 0) scratch[parity][warp] = ss;
+    __syncthreads();
+    S total = lane < row_warps ? scratch[parity][sub * row_warps + lane] : S(0);
+    total = warp_sum(total);
+    if (valid) {
+      const A r = inverse_rms(total, n, eps);
+      if (rstd != nullptr && t == 0) rstd[row] = r;
+      T* yr = y + row * n;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int c = t + k * row_threads;
+        write(yr, c, kWeight ? normalize(v[k], w[k], r, offset) : normalize(v[k], r));
+      }
+    }
+  }
+}
+
+// Rows a register_rows launch takes at most, per SM: on the H200 (132 SMs) 4224, where the register rows won at
+// 4096 rows and lost at 16384 (history/log.md, "a sixteenth session").
+constexpr int kRegisterRowsPerSm = 32;
+
+// The vectors a thread of norm_forward_register_rows_kernel takes for rows of `chunks` 16-byte vectors, or 0 where
+// other kernels measured faster (f64 rows, not measured, keep them). Kernel time with the host held ahead, three
+// interleaved rounds, us, against the launch before: rms_norm f32 4096x2048 (512 vectors) 20.70 against 22.24 (Liger
+// 20.22 in an earlier call, where this form took 19.95), 8192x2048 36.35 against 36.93, bf16 4096x4096 21.42 against
+// 22.53; add_rms_norm bf16 4096x2048 (256 vectors) 21.01 against 22.18 (torch.compile 20.42 in the earlier call, where
+// this form took 20.64), 8192x2048 35.87 against 36.62, f32 4096x2048 36.78 against 37.50. Over more rows it lost:
+// rms_norm f32 16384x2048 72.61 against 68.58, bf16 16384x4096 70.27 against 68.59, add_rms_norm f32 8192x2048 68.59
+// against 67.41, bf16 16384x4096 135.74 against 129.63. Plain rows of 256 vectors keep the warp rows (bf16 4096x2048:
+// 64-thread register rows 12.50 against 12.48). Open: norm_kernel_time.py, run on the shipped build, put these rows
+// where the forms before stood against the peers (f32 4096x2048 21.70 against Liger's 20.35; history/log.md).
+template <bool kAdd>
+int register_rows(int64_t chunks, int64_t rows, int device) {
+  if (rows > int64_t{kRegisterRowsPerSm} * device_attribute(cudaDevAttrMultiProcessorCount, device)) return 0;
+  if (chunks == 4 * kRegisterRowThreads) return 4;
+  return kAdd && chunks == 2 * kRegisterRowThreads ? 2 : 0;
+}
+
 // Warp rows two at a time: a warp takes adjacent rows 2p and 2p + 1 (the second past the end only when the
 // rows are odd), issues both rows' loads before using any, reduces both and loads the weight once for the
 // two; the rows of 16-byte vectors that fit the lane's kSlots kept chunks (row_config's warp shapes). Only
@@ -599,7 +723,9 @@ struct AddForwardShapes {
 // at 512 threads against 132 at 1024 (768: 155; history/tuning/rms_norm_kernels.py); f32 (46 registers,
 // two blocks) keeps 512. 672-thread blocks ran f32 8192x16384 at 389 us against 255 (a thread's 6-7
 // vectors need more dependent rounds than 2 full batches).
-// Plain rows of exactly 128 or 256 vectors go a warp a row instead (norm_forward_warp_rows_kernel).
+// Plain rows of exactly 128 or 256 vectors go a warp a row instead (norm_forward_warp_rows_kernel), and rows of
+// 512 vectors (add_rms_norm's of 256 too) on at most kRegisterRowsPerSm rows an SM a block a row in registers
+// (register_rows).
 // add_rms_norm: 1024-thread blocks from rows of 2048 vectors up (but 2048 exactly: below), measured fastest when it
 // read residual_out back from L2 (its rows do not fit L1 at any size); they keep that size with residual_out in shared
 // memory (stream_rows). Rows of 128 to 512 vectors in whole warps (bf16 N = 1024-4096, f32 512-2048) and of exactly
@@ -746,6 +872,22 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
               "rms_norm: rows of 2^31 - 2^16 elements or more are not supported on CUDA, got ", n);
   if constexpr (kC > 1) {
     const int64_t chunks = n / kC;
+    if constexpr (!std::is_same_v<T, double>) {
+      if (const int per = register_rows<kAdd>(chunks, rows, c10::cuda::current_device()); per > 0) {
+        auto pick = [&](auto per_c) {
+          constexpr int kPer = decltype(per_c)::value;
+          return a.weight != nullptr ? norm_forward_register_rows_kernel<T, W, kC, kAdd, true, kPer>
+                                     : norm_forward_register_rows_kernel<T, W, kC, kAdd, false, kPer>;
+        };
+        auto kernel = pick(std::integral_constant<int, 4>{});
+        if constexpr (kAdd) {
+          if (per == 2) kernel = pick(std::integral_constant<int, 2>{});
+        }
+        launch_forward_kernel(kernel, blocks_to_cover(rows, 1), kRegisterRowThreads, 0, stream, a, rows, n, eps,
+                              offset);
+        return;
+      }
+    }
     if constexpr (!kAdd) {
       if (chunks == 4 * kWarpSize || chunks == 8 * kWarpSize) {
         auto pick = [&](auto per) {
