@@ -219,6 +219,28 @@ __device__ __forceinline__ void store_vector_l2(T* base, int64_t vector_index, c
 #endif
 }
 
+// A 16-byte vector access with the L2 policy (and, for loads, L1 use kL1) where kHinted, a plain one otherwise:
+// for kernels whose hints are a compile-time choice per dtype or form.
+template <bool kHinted, typename T, int kN, L1Use kL1 = L1Use::kNormal>
+__device__ __forceinline__ AlignedVector<T, kN> load_vector_hinted(const T* base, int64_t vector_index,
+                                                                   uint64_t policy) {
+  if constexpr (kHinted) {
+    return load_vector_l2<T, kN, kL1>(base, vector_index, policy);
+  } else {
+    return load_vector<T, kN>(base, vector_index);
+  }
+}
+
+template <bool kHinted, typename T, int kN>
+__device__ __forceinline__ void store_vector_hinted(T* base, int64_t vector_index, const AlignedVector<T, kN>& v,
+                                                    uint64_t policy) {
+  if constexpr (kHinted) {
+    store_vector_l2(base, vector_index, v, policy);
+  } else {
+    store_vector<T, kN>(base, vector_index, v);
+  }
+}
+
 // Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80+; a plain copy, complete at
 // once, on older devices). A thread commits the copies it has issued as a group; copy_async_wait<k>()
 // returns once at most k of its groups are still in flight, and the data of the others is then visible to

@@ -165,14 +165,21 @@ __device__ __forceinline__ S row_sum(S v, S* scratch) {
 // halves of `scratch` (parity: the row count's), so a warp writes a half again two rows on, past the
 // barrier of the row between, which no warp passes before its reads of the half are done (as in
 // cluster_row_sum). Every thread of the block must call it, once a row; the same bits as row_sum<true>.
+// group_row_sum: the same for a block that takes several rows at once, each on `group_warps` whole warps (row
+// `group` of the block on warps [group * group_warps, (group + 1) * group_warps)); each thread gets its row's sum.
 template <typename S>
-__device__ __forceinline__ S block_row_sum(S v, S (&scratch)[2][kWarpSize], int parity) {
+__device__ __forceinline__ S group_row_sum(S v, S (&scratch)[2][kWarpSize], int parity, int group, int group_warps) {
   v = warp_sum(v);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   if (lane == 0) scratch[parity][warp] = v;
   __syncthreads();
-  v = lane < static_cast<int>(blockDim.x / kWarpSize) ? scratch[parity][lane] : S(0);
+  v = lane < group_warps ? scratch[parity][group * group_warps + lane] : S(0);
   return warp_sum(v);
+}
+
+template <typename S>
+__device__ __forceinline__ S block_row_sum(S v, S (&scratch)[2][kWarpSize], int parity) {
+  return group_row_sum(v, scratch, parity, 0, static_cast<int>(blockDim.x / kWarpSize));
 }
 
 // dst[col] = sum over p of partial[p, col], in a fixed order: thread (x, y) sums p = y, y + kReduceRows, ...

@@ -167,24 +167,23 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
   }
 }
 
-// Stream rows: a block per row keeping nothing in registers between its two sweeps, for rows of 16-byte vectors
-// (kC = T's vector width) from stream_threads' sizes up. Sweep 1 reads the row (kInFlight vectors a thread in
-// flight) and sums its squares; sweep 2 reads it again and writes the output. Sweep 1's reads ask L2 to keep the
-// lines and allocate in L1, so sweep 2 finds the row in L1 when the rows in flight on an SM fit it (stream_threads
-// sizes the blocks for that), else in L2; sweep 2's reads and the stores ask L2 to drop their lines first. kAdd:
-// sweep 1 reads input and residual once (drop) and writes residual_out; with Keep::kShared it keeps residual_out in
-// shared memory too, each thread its own chunks (its j-th at kept[j * threads]: no barrier), and sweep 2 reads it
-// from there, else (Keep::kReadBack) back from L2 (written with the keep hint; stores do not fill L1); with
-// Keep::kInputsAgain sweep 1 stores nothing, and sweep 2 reads input and residual again, adds them again and stores
-// residual_out beside the output (stream_threads). Kept
-// against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32 4096x32768 552 / 550 us in two runs
-// against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536 284 / 283 against 289; rows too long for shared memory
-// (f32 past 57344 elements) read back. f32 rows kept in shared memory read input and residual and write residual_out
-// with no L2 hints (kAddHints): 4% faster than with them, forward alone, one build, us: 8192x16384 522.2 against 545.5,
-// 4096x32768 524.3 against 548.4; bf16 rows ran 4% slower without (4096x32768 293.3 against 281.2, 2048x65536 294.9
-// against 284.3), so 16-bit rows keep them in the loop kernel (kPer = 0; the kPer kernel below drops them for every
-// dtype). Blocks of any size up to kStreamMaxThreads. kWeight: whether weight is given (a runtime test per chunk cost
-// 10-30 registers, and spills for 16-bit inputs).
+// Stream rows: a block per row keeping nothing in registers between its two sweeps, for rows of 16-byte vectors (kC =
+// T's vector width) from stream_threads' sizes up. Sweep 1 reads the row (kInFlight vectors a thread in flight) and
+// sums its squares; sweep 2 reads it again and writes the output. Sweep 1's reads ask L2 to keep the lines and allocate
+// in L1, so sweep 2 finds the row in L1 when the rows in flight on an SM fit it (stream_threads sizes the blocks for
+// that), else in L2; sweep 2's reads and the stores ask L2 to drop their lines first. kAdd: sweep 1 reads input and
+// residual once (drop) and writes residual_out; with Keep::kShared it keeps residual_out in shared memory too, each
+// thread its own chunks (its j-th at kept[j * threads]: no barrier), and sweep 2 reads it from there, else
+// (Keep::kReadBack) back from L2 (written with the keep hint; stores do not fill L1); with Keep::kInputsAgain sweep 1
+// stores nothing, and sweep 2 reads input and residual again, adds them again and stores residual_out beside the output
+// (stream_threads). Kept against read back (history/tuning/rms_norm_kernels.py, add_rms_norm forward): f32 4096x32768
+// 552 / 550 us in two runs against 572, 8192x16384 552 / 547 against 553, bf16 2048x65536 284 / 283 against 289; rows
+// too long for shared memory (f32 past 57344 elements) read back. f32 rows kept in shared memory read input and
+// residual and write residual_out with no L2 hints (kAddHints): 4% faster than with them, forward alone, one build, us:
+// 8192x16384 522.2 against 545.5, 4096x32768 524.3 against 548.4; bf16 rows ran 4% slower without (4096x32768 293.3
+// against 281.2, 2048x65536 294.9 against 284.3), so 16-bit rows keep them in the loop kernel (kPer = 0; the kPer
+// kernel below drops them for every dtype). Blocks of any size up to kStreamMaxThreads. kWeight: whether weight is
+// given (a runtime test per chunk cost 10-30 registers, and spills for 16-bit inputs).
 // Against the kept-in-registers blocks (benchmarks/history/tuning/norm_rows_variants.cu, rms_norm forward,
 // bf16 / f32): 2048x65536 140 / 318 us against 190 / 357 (a thread-block cluster per row, the long block),
 // 4096x32768 134 / 266 against 153 / 297, 2-6% faster at N = 4096...16384; add_rms_norm 15-27% faster at rows
@@ -285,18 +284,10 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
   const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
   constexpr bool kAddHints = !(kKeep != Keep::kReadBack && (std::is_same_v<T, float> || kPer > 0));
   auto read_once = [&](const T* base, int c) {  // kAdd: input and residual
-    if constexpr (kAddHints) {
-      return load_vector_l2<T, kC>(base, c, drop);
-    } else {
-      return load_vector<T, kC>(base, c);
-    }
+    return load_vector_hinted<kAddHints, T, kC>(base, c, drop);
   };
   auto store_residual_out = [&](T* hr, int c, const Chunk& v) {
-    if constexpr (kAddHints) {
-      store_vector_l2(hr, c, v, kKept ? drop : keep);
-    } else {
-      store_vector<T, kC>(hr, c, v);
-    }
+    store_vector_hinted<kAddHints>(hr, c, v, kKept ? drop : keep);
   };
   int parity = 0;  // kCluster: cluster_row_sum's slots, alternating by row
   for (int64_t row = blockIdx.x / cluster; row < rows; row += gridDim.x / cluster, parity ^= 1) {
@@ -364,11 +355,8 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
     // The weight's chunk c. Under Inductor's priorities (the read-twice rows, plain rows of 4 a thread) a 16-byte
     // weight vector, which every block reads, is kept in L1 and L2.
     auto read_weight = [&](int c) {
-      if constexpr ((kAgain || kL1Priorities) && sizeof(W) == sizeof(T)) {
-        return load_vector_l2<W, kC, L1Use::kEvictLast>(w_part, c, keep);
-      } else {
-        return load_vector<W, kC>(w_part, c);
-      }
+      return load_vector_hinted<(kAgain || kL1Priorities) && sizeof(W) == sizeof(T), W, kC, L1Use::kEvictLast>(
+          w_part, c, keep);
     };
     auto sweep2_batch = [&](int c, int j) {
       Chunk v[kOut];
@@ -466,6 +454,7 @@ __global__ void __launch_bounds__(kWarpRowsPerBlock * kWarpSize)
 // against 23.84; history/log.md, "a sixteenth session").
 constexpr int kRegisterRowThreads = 128;
 
+// (The launch bound is the one the variants were timed with: up to 1024 / kPer threads, rows of up to 1024 vectors.)
 template <typename T, typename W, int kC, bool kAdd, bool kWeight, int kPer>
 __global__ void __launch_bounds__(1024 / kPer)
     norm_forward_register_rows_kernel(const T* __restrict__ x, int64_t x_row_stride, const T* __restrict__ residual,
@@ -485,30 +474,16 @@ __global__ void __launch_bounds__(1024 / kPer)
   const int row_threads = static_cast<int>(n / kC) / kPer;
   const int per_block = static_cast<int>(blockDim.x) / row_threads;
   const int sub = static_cast<int>(threadIdx.x) / row_threads, t = static_cast<int>(threadIdx.x) % row_threads;
-  const int row_warps = row_threads / kWarpSize, lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int row_warps = row_threads / kWarpSize;
   const uint64_t keep = l2_policy<L2Evict::kLast>(), drop = l2_policy<L2Evict::kFirst>();
   auto read = [&](const T* base, int c) {
-    if constexpr (kHints) {
-      return load_vector_l2<T, kC, L1Use::kNoAllocate>(base, c, drop);
-    } else {
-      return load_vector<T, kC>(base, c);
-    }
+    return load_vector_hinted<kHints, T, kC, L1Use::kNoAllocate>(base, c, drop);
   };
-  auto write = [&](T* base, int c, const Chunk& v) {
-    if constexpr (kHints) {
-      store_vector_l2(base, c, v, drop);
-    } else {
-      store_vector<T, kC>(base, c, v);
-    }
-  };
+  auto write = [&](T* base, int c, const Chunk& v) { store_vector_hinted<kHints>(base, c, v, drop); };
   auto read_weight = [&](int c) {
-    if constexpr (kHints && sizeof(W) == sizeof(T)) {
-      return load_vector_l2<W, kC, L1Use::kEvictLast>(weight, c, keep);
-    } else {
-      return load_vector<W, kC>(weight, c);
-    }
+    return load_vector_hinted<kHints && sizeof(W) == sizeof(T), W, kC, L1Use::kEvictLast>(weight, c, keep);
   };
-  int parity = 0;  // the scratch's halves, alternating by row group: one barrier a group (as block_row_sum)
+  int parity = 0;  // group_row_sum's halves, alternating by row group
   for (int64_t group = blockIdx.x; group * per_block < rows; group += gridDim.x, parity ^= 1) {
     const int64_t row = group * per_block + sub;
     const bool valid = row < rows;  // uniform over each warp
@@ -540,12 +515,7 @@ __global__ void __launch_bounds__(1024 / kPer)
 #pragma unroll
       for (int k = 0; k < kPer; ++k) keep_packed(v[k]);
     }
-    // the row's sum: its warps' sums through the scratch half of this group
-    ss = warp_sum(ss);
-    if (lane == 0) scratch[parity][warp] = ss;
-    __syncthreads();
-    S total = lane < row_warps ? scratch[parity][sub * row_warps + lane] : S(0);
-    total = warp_sum(total);
+    const S total = group_row_sum(ss, scratch, parity, sub, row_warps);
     if (valid) {
       const A r = inverse_rms(total, n, eps);
       if (rstd != nullptr && t == 0) rstd[row] = r;
@@ -872,8 +842,9 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
               "rms_norm: rows of 2^31 - 2^16 elements or more are not supported on CUDA, got ", n);
   if constexpr (kC > 1) {
     const int64_t chunks = n / kC;
+    const int device = c10::cuda::current_device();
     if constexpr (!std::is_same_v<T, double>) {
-      if (const int per = register_rows<kAdd>(chunks, rows, c10::cuda::current_device()); per > 0) {
+      if (const int per = register_rows<kAdd>(chunks, rows, device); per > 0) {
         auto pick = [&](auto per_c) {
           constexpr int kPer = decltype(per_c)::value;
           return a.weight != nullptr ? norm_forward_register_rows_kernel<T, W, kC, kAdd, true, kPer>
@@ -904,7 +875,6 @@ void launch_forward(const ForwardArgs<T, W>& a, int64_t rows, int64_t n, double 
     }
     int threads = stream_threads<kAdd>(chunks);
     if (threads > 0) {
-      const int device = c10::cuda::current_device();
       const bool weighted = a.weight != nullptr;
       const size_t smem_limit = row_kernel_smem_limit<T>(device);
       // kAdd: residual_out's row (each block's part of it, in a cluster) in shared memory where it fits; kAdd's
