@@ -15,8 +15,6 @@ the GPU (README), then
 
 (default: both ops, both dtypes, 4096x2048 and 65536x1024, every variant). A case naming one variant times only
 it against the library's launch and the copy, without the peers (no compile)."""
-import json
-import os
 import statistics
 import sys
 
@@ -26,48 +24,13 @@ from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 import torchops
-from benchmarks.harness import flushed_events_ms
+from norm_timing import kernel_us, launches, rms_reference, set_env
 
 torch._dynamo.config.recompile_limit = 1024
 torch._dynamo.config.cache_size_limit = 1024
 EPS = 1e-6
 REPS = 60
-flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
 ENVS = ["TORCHOPS_EXP_REGS", "TORCHOPS_EXP_REGROWS", "TORCHOPS_EXP_REGMODE"]
-
-
-def set_env(env):
-    for k in ENVS:
-        os.environ.pop(k, None)
-    os.environ.update({k: str(v) for k, v in env.items()})
-
-
-def kernel_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return flushed_events_ms(fn, flush, REPS, hold_cycles=30_000_000) * 1e3
-
-
-def ref(h, w):
-    h = h.double()
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
-
-
-def launches(fn):
-    """The kernels one call launches: name, grid, block, registers (a profiler trace)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    path = "/tmp/trace.json"
-    prof.export_chrome_trace(path)
-    out = []
-    for e in json.load(open(path))["traceEvents"]:
-        if e.get("cat") == "kernel":
-            a = e.get("args", {})
-            out.append(f"{e['name'][:60]} grid={a.get('grid')} block={a.get('block')} "
-                       f"regs={a.get('registers per thread')}")
-    return out
 
 
 cases = sys.argv[1:] or [f"{op}:{dt}:{shape}" for shape in ("4096x2048", "65536x1024")
@@ -94,7 +57,7 @@ for case in cases:
                                                           "TORCHOPS_EXP_REGMODE": mode}
     fns = {}
     if op == "plain":
-        want = ref(x, w)
+        want = rms_reference(x, w, EPS)
         for name, env in variants.items():
             fns["ours " + name] = (lambda: torchops.rms_norm(x, w, EPS), want, env)
         if only is None:
@@ -103,7 +66,7 @@ for case in cases:
             fns["liger"] = (lambda: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False), want, {})
         copy_elems = m * n
     else:
-        want = ref(x + r, w)
+        want = rms_reference(x + r, w, EPS)
 
         def bench_form(a, res, b):
             h = a + res
@@ -123,7 +86,7 @@ for case in cases:
     times = {name: [] for name in fns}
     with torch.no_grad():
         for name, (fn, want_, env) in fns.items():
-            set_env(env)
+            set_env(ENVS, env)
             if want_ is not None:
                 out = fn()
                 out = out[0] if isinstance(out, tuple) else out
@@ -132,13 +95,13 @@ for case in cases:
                     print(f"WRONG {name} {case}: relative error {err:.2e}")
         if m * n <= 4096 * 2048 and only is None:
             for name in ("ours default", "compile", "liger"):
-                set_env({})
+                set_env(ENVS, {})
                 print(f"KERNELS {case} {name}:", *launches(fns[name][0]), sep="\n   ")
         for _ in range(3):
             for name, (fn, _, env) in fns.items():
-                set_env(env)
-                times[name].append(kernel_us(fn))
-    set_env({})
+                set_env(ENVS, env)
+                times[name].append(kernel_us(fn, REPS))
+    set_env(ENVS, {})
     base = "ours default" if only is not None else min(("compile", "liger"), key=lambda k: statistics.median(times[k]))
     best_peer = statistics.median(times[base])
     print(f"\n{case} ({chunks} vectors), µs: three rounds, median, {base} / it")

@@ -30,33 +30,15 @@ from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 import torchops
-from benchmarks.harness import flushed_events_ms
+from norm_timing import kernel_us, launches, rms_reference, set_env
 
 torch._dynamo.config.recompile_limit = 1024
 torch._dynamo.config.cache_size_limit = 1024
 EPS = 1e-6
 REPS = 60
-flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
 OUT = os.environ.get("OUT", "/tmp")
 ENVS = ["TORCHOPS_EXP_L1", "TORCHOPS_EXP_THREADS", "TORCHOPS_EXP_WARPROWS", "TORCHOPS_EXP_WARPMODE",
         "TORCHOPS_EXP_KPER", "TORCHOPS_EXP_ADDT"]
-
-
-def set_env(env):
-    for k in ENVS:
-        os.environ.pop(k, None)
-    os.environ.update({k: str(v) for k, v in env.items()})
-
-
-def kernel_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return flushed_events_ms(fn, flush, REPS, hold_cycles=30_000_000) * 1e3
-
-
-def ref(h, w):
-    h = h.double()
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
 
 
 which = sys.argv[1]  # plain | add
@@ -64,21 +46,6 @@ dumps = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else set()
 code_file = open(os.path.join(OUT, f"inductor_{which}.txt"), "w")
 
 
-def kernels_of(fn):
-    import json
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    path = "/tmp/trace.json"
-    prof.export_chrome_trace(path)
-    out = []
-    for e in json.load(open(path))["traceEvents"]:
-        if e.get("cat") == "kernel":
-            a = e.get("args", {})
-            out.append(f"{e['name'][:70]} grid={a.get('grid')} block={a.get('block')} "
-                       f"regs={a.get('registers per thread')} smem={a.get('shared memory')} dur={e.get('dur')}")
-    return out
 shapes = {
     "plain": [("bf16", 65536, 1024), ("bf16", 16384, 8192), ("f32", 16384, 8192), ("f32", 4096, 2048),
               ("f32", 65536, 1024), ("bf16", 4096, 2048), ("f32", 32768, 4096), ("bf16", 32768, 4096)],
@@ -92,7 +59,7 @@ for dt, m, n in shapes:
     w = torch.randn(n, dtype=dtype, device="cuda")
     fns = {}
     if which == "plain":
-        want = ref(x, w)
+        want = rms_reference(x, w, EPS)
         compiled = torch.compile(lambda a, b: F.rms_norm(a, (n,), b, EPS), dynamic=False)
         if f"{dt}{m}x{n}" in dumps:
             from torch._inductor.utils import run_and_get_code
@@ -101,7 +68,7 @@ for dt, m, n in shapes:
             for fn_name, fn_ in (("compile", lambda: compiled(x, w)), ("ours", lambda: torchops.rms_norm(x, w, EPS)),
                                  ("liger", lambda: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False))):
                 fn_()
-                print(f"KERNELS {dt} {m}x{n} {fn_name}:", *kernels_of(fn_), sep="\n   ")
+                print(f"KERNELS {dt} {m}x{n} {fn_name}:", *launches(fn_), sep="\n   ")
         src, dst = (torch.empty(m * n, dtype=dtype, device="cuda") for _ in range(2))
         variants = {"default": {}, "L1=1": {"TORCHOPS_EXP_L1": 1}, "L1=2": {"TORCHOPS_EXP_L1": 2}}
         plan = {
@@ -129,7 +96,7 @@ for dt, m, n in shapes:
         fns["liger"] = (lambda: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False), want, {})
         fns["copy"] = (lambda: dst.copy_(src), None, {})
     else:
-        want = ref(x + r, w)
+        want = rms_reference(x + r, w, EPS)
 
         def bench_form(a, res, b):
             h = a + res
@@ -150,7 +117,7 @@ for dt, m, n in shapes:
     times = {name: [] for name in fns}
     with torch.no_grad():
         for name, (fn, want_, env) in fns.items():
-            set_env(env)
+            set_env(ENVS, env)
             if want_ is not None:
                 out = fn()
                 out = out[0] if isinstance(out, tuple) else out
@@ -159,9 +126,9 @@ for dt, m, n in shapes:
                     print(f"WRONG {name} {dt} {m}x{n}: relative error {err:.2e}")
         for _ in range(3):
             for name, (fn, _, env) in fns.items():
-                set_env(env)
-                times[name].append(kernel_us(fn))
-    set_env({})
+                set_env(ENVS, env)
+                times[name].append(kernel_us(fn, REPS))
+    set_env(ENVS, {})
     best_peer = min(statistics.median(times[k]) for k in ("compile", "liger"))
     print(f"\n{which} {dt} {m}x{n} ({chunks} vectors), µs: three rounds, median, best peer / it")
     for name, ts in times.items():

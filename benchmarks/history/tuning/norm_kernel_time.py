@@ -22,25 +22,12 @@ from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 import torchops
-from benchmarks.harness import flushed_events_ms
+from norm_timing import kernel_us, rms_reference
 
 torch._dynamo.config.recompile_limit = 1024
 torch._dynamo.config.cache_size_limit = 1024
 EPS = 1e-6
 REPS = 80
-flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-
-
-def kernel_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    # 3e7 cycles, ~15 ms: longer than the host takes to queue the calls
-    return flushed_events_ms(fn, flush, REPS, hold_cycles=30_000_000) * 1e3
-
-
-def rms_reference(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    h = h.double()
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
 
 
 shapes = [tuple(map(int, a.split("x"))) for a in sys.argv[1:]] or [(4096, 2048), (16384, 8192)]
@@ -58,7 +45,7 @@ for dtype in (torch.float32, torch.bfloat16):
         compiled_fused = torch.compile(lambda a, c, b: (F.rms_norm(a + c, (n,), b, EPS), a + c), dynamic=False)
         src2, dst2 = (torch.empty(m * n, dtype=dtype, device="cuda") for _ in range(2))  # rms_norm's bytes
         src4, dst4 = (torch.empty(2 * m * n, dtype=dtype, device="cuda") for _ in range(2))  # add_rms_norm's
-        want, want_add = rms_reference(x, w), rms_reference(x + r, w)
+        want, want_add = rms_reference(x, w, EPS), rms_reference(x + r, w, EPS)
         fns = {  # name: (call, float64 reference of its first output, or None for the copies)
             "torchops rms_norm": (lambda: torchops.rms_norm(x, w, EPS), want),
             "compile rms_norm": (lambda: compiled(x, w), want),
@@ -82,7 +69,7 @@ for dtype in (torch.float32, torch.bfloat16):
                     assert err < tol, f"{name} {dtype} {m}x{n}: relative error {err:.2e}"
             for _ in range(3):
                 for name, (fn, _) in fns.items():
-                    times[name].append(kernel_us(fn))
+                    times[name].append(kernel_us(fn, REPS))
         print(f"\n{dtype} {m}x{n}, µs (three rounds, then their median)")
         for name, ts in times.items():
             print(f"  {name:28s} " + " ".join(f"{t:7.2f}" for t in ts) + f"   {statistics.median(ts):7.2f}")
