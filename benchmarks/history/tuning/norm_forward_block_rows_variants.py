@@ -24,7 +24,7 @@ from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 import torchops
-from norm_timing import kernel_us, launches, rms_reference, set_env
+from norm_timing import check_variants, launches, rms_reference, time_variants
 
 torch._dynamo.config.recompile_limit = 1024
 torch._dynamo.config.cache_size_limit = 1024
@@ -82,26 +82,12 @@ for case in cases:
         copy_elems = 2 * m * n
     src, dst = (torch.empty(copy_elems, dtype=dtype, device="cuda") for _ in range(2))
     fns["copy"] = (lambda: dst.copy_(src), None, {})
-    tol = 2e-2 if dtype == torch.bfloat16 else 2e-5
-    times = {name: [] for name in fns}
-    with torch.no_grad():
-        for name, (fn, want_, env) in fns.items():
-            set_env(ENVS, env)
-            if want_ is not None:
-                out = fn()
-                out = out[0] if isinstance(out, tuple) else out
-                err = ((out.double() - want_).abs() / (want_.abs() + 1)).max().item()
-                if not err < tol:
-                    print(f"WRONG {name} {case}: relative error {err:.2e}")
-        if m * n <= 4096 * 2048 and only is None:
+    check_variants(fns, ENVS, 2e-2 if dtype == torch.bfloat16 else 2e-5, case)
+    if m * n <= 4096 * 2048 and only is None:
+        with torch.no_grad():
             for name in ("ours default", "compile", "liger"):
-                set_env(ENVS, {})
                 print(f"KERNELS {case} {name}:", *launches(fns[name][0]), sep="\n   ")
-        for _ in range(3):
-            for name, (fn, _, env) in fns.items():
-                set_env(ENVS, env)
-                times[name].append(kernel_us(fn, REPS))
-    set_env(ENVS, {})
+    times = time_variants(fns, ENVS, REPS)
     base = "ours default" if only is not None else min(("compile", "liger"), key=lambda k: statistics.median(times[k]))
     best_peer = statistics.median(times[base])
     print(f"\n{case} ({chunks} vectors), µs: three rounds, median, {base} / it")

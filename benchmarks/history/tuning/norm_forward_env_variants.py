@@ -30,7 +30,7 @@ from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 import torchops
-from norm_timing import kernel_us, launches, rms_reference, set_env
+from norm_timing import check_variants, launches, rms_reference, time_variants
 
 torch._dynamo.config.recompile_limit = 1024
 torch._dynamo.config.cache_size_limit = 1024
@@ -113,22 +113,8 @@ for dt, m, n in shapes:
         fns["compile"] = (lambda: compiled_add(x, r, w), want, {})
         fns["liger"] = (lambda: LigerFusedAddRMSNormFunction.apply(x, r, w, EPS, 0.0, "llama", False), want, {})
         fns["copy"] = (lambda: dst.copy_(src), None, {})
-    tol = 2e-2 if dtype == torch.bfloat16 else 2e-5
-    times = {name: [] for name in fns}
-    with torch.no_grad():
-        for name, (fn, want_, env) in fns.items():
-            set_env(ENVS, env)
-            if want_ is not None:
-                out = fn()
-                out = out[0] if isinstance(out, tuple) else out
-                err = ((out.double() - want_).abs() / (want_.abs() + 1)).max().item()
-                if not err < tol:
-                    print(f"WRONG {name} {dt} {m}x{n}: relative error {err:.2e}")
-        for _ in range(3):
-            for name, (fn, _, env) in fns.items():
-                set_env(ENVS, env)
-                times[name].append(kernel_us(fn, REPS))
-    set_env(ENVS, {})
+    check_variants(fns, ENVS, 2e-2 if dtype == torch.bfloat16 else 2e-5, f"{dt} {m}x{n}")
+    times = time_variants(fns, ENVS, REPS)
     best_peer = min(statistics.median(times[k]) for k in ("compile", "liger"))
     print(f"\n{which} {dt} {m}x{n} ({chunks} vectors), µs: three rounds, median, best peer / it")
     for name, ts in times.items():

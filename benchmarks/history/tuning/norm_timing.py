@@ -50,3 +50,31 @@ def set_env(names: list[str], env: dict) -> None:
     for k in names:
         os.environ.pop(k, None)
     os.environ.update({k: str(v) for k, v in env.items()})
+
+
+# The variant scripts' calls: name -> (call, float64 reference of its first output or None, the environment it
+# runs under), `names` the experiment build's variables.
+def check_variants(fns: dict, names: list[str], tol: float, label: str) -> None:
+    """Prints "WRONG" for each call whose first output is off its reference by `tol` or more (relative)."""
+    with torch.no_grad():
+        for name, (fn, want, env) in fns.items():
+            set_env(names, env)
+            if want is not None:
+                out = fn()
+                out = out[0] if isinstance(out, tuple) else out
+                err = ((out.double() - want).abs() / (want.abs() + 1)).max().item()
+                if not err < tol:
+                    print(f"WRONG {name} {label}: relative error {err:.2e}")
+    set_env(names, {})
+
+
+def time_variants(fns: dict, names: list[str], reps: int, rounds: int = 3) -> dict[str, list[float]]:
+    """kernel_us of every call, in `rounds` interleaved rounds: name -> one time a round."""
+    times = {name: [] for name in fns}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for name, (fn, _, env) in fns.items():
+                set_env(names, env)
+                times[name].append(kernel_us(fn, reps))
+    set_env(names, {})
+    return times
