@@ -541,11 +541,11 @@ constexpr int kRegisterRowsPerSm = 32;
 // this form took 20.64), 8192x2048 35.87 against 36.62, f32 4096x2048 36.78 against 37.50. Over more rows it lost:
 // rms_norm f32 16384x2048 72.61 against 68.58, bf16 16384x4096 70.27 against 68.59, add_rms_norm f32 8192x2048 68.59
 // against 67.41, bf16 16384x4096 135.74 against 129.63. Plain rows of 256 vectors keep the warp rows (bf16 4096x2048:
-// 64-thread register rows 12.50 against 12.48). This form's time, unlike the stream kernel's, depends on what the GPU
-// ran just before it, and differently from one machine to the next: f32 4096x2048 20.0-20.8 us after itself, the
-// stream kernel or a peer, 21.9-22.6 after an idle pause or a copy (the stream kernel 21.7-22.3 in every order); after
+// 64-thread register rows 12.50 against 12.48). This form's time, unlike the stream kernel's, can depend on what the
+// GPU ran just before it, differently from one machine to the next and not through the SM clock: f32 4096x2048 ran
+// 20.0-22.6 us across orders and machines (on one machine 21.6-21.8 in every order), the stream kernel 21.7-22.3; after
 // a bf16 GEMM the two forms are within 1 us either way (history/log.md, "a seventeenth session"). Kept because the
-// bench met more of its bars with it (10 and 9 of 14 in two runs) than with the stream kernel here (6 of 14).
+// bench met more of its bars with it (8-10 of 14 in three runs) than with the stream kernel (6 of 14).
 template <bool kAdd>
 int register_rows(int64_t chunks, int64_t rows, int device) {
   if (rows > int64_t{kRegisterRowsPerSm} * device_attribute(cudaDevAttrMultiProcessorCount, device)) return 0;
