@@ -6,14 +6,12 @@ cycles over its event time, right before the batch and right after it. history/l
 item 6. On the shipped build:
 
     PYTHONPATH=. python benchmarks/history/tuning/norm_forward_clock.py"""
-import time
-
 import torch
 from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 import torchops
-from norm_timing import check_variants, kernel_us
+from norm_timing import check_variants, idle_gpu, kernel_us, rms_reference
 
 EPS = 1e-6
 REPS = 80
@@ -42,8 +40,7 @@ for op, dtype in (("plain", torch.float32), ("add", torch.bfloat16)):
     x, r = torch.randn(m, n, dtype=dtype, device="cuda"), torch.randn(m, n, dtype=dtype, device="cuda")
     w = torch.randn(n, dtype=dtype, device="cuda")
     src, dst = (torch.empty((1 if op == "plain" else 2) * m * n, dtype=dtype, device="cuda") for _ in range(2))
-    h = x.double() + (r.double() if op == "add" else 0)
-    want = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * w.double()
+    want = rms_reference(x if op == "plain" else x + r, w, EPS)
     if op == "plain":
         fns = {"torchops": lambda: torchops.rms_norm(x, w, EPS),
                "liger": lambda: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", False)}
@@ -61,11 +58,7 @@ for op, dtype in (("plain", torch.float32), ("add", torch.bfloat16)):
             for target in ("torchops", "liger"):
                 cells = []
                 for _ in range(3):
-                    if before == "idle":
-                        torch.cuda.synchronize()
-                        time.sleep(0.5)
-                    else:
-                        clocked_batch(fns[before])
+                    idle_gpu() if before == "idle" else clocked_batch(fns[before])
                     us, a, b = clocked_batch(fns[target])
                     cells.append(f"{us:6.2f} [{a:4.0f}/{b:4.0f}]")
                 print(f"  {target:9s} after {before:9s}" + "  ".join(cells))

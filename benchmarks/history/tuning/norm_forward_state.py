@@ -19,7 +19,6 @@ Build it on the GPU (README), then
 (default: plain:f32:4096x2048 add:bf16:4096x2048 plain:bf16:4096x4096 add:f32:4096x2048)."""
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +26,7 @@ from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 import torchops
-from norm_timing import check_variants, kernel_us, rms_reference, set_env
+from norm_timing import check_variants, idle_gpu, kernel_us, rms_reference, set_env
 
 torch._dynamo.config.recompile_limit = 1024
 torch._dynamo.config.cache_size_limit = 1024
@@ -43,11 +42,6 @@ def timed(fns: dict, name: str) -> float:
         return kernel_us(fn, REPS)
     finally:
         set_env(ENVS, {})
-
-
-def idle() -> None:
-    torch.cuda.synchronize()
-    time.sleep(0.5)
 
 
 cases = sys.argv[1:] or ["plain:f32:4096x2048", "add:bf16:4096x2048", "plain:bf16:4096x4096", "add:f32:4096x2048"]
@@ -99,7 +93,7 @@ for case in cases:
             for target in targets:
                 ts = []
                 for _ in range(3):
-                    idle() if before == "idle" else timed(fns, before)
+                    idle_gpu() if before == "idle" else timed(fns, before)
                     ts.append(timed(fns, target))
                 cells.append(" ".join(f"{t:6.2f}" for t in ts))
             print(f"  {before:14s}" + "".join(f"{c:>26s}" for c in cells))

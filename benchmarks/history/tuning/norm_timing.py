@@ -1,9 +1,11 @@
 """What the norm forward tuning scripts share (norm_kernel_time.py, norm_forward_env_variants.py,
 norm_forward_block_rows_variants.py, norm_forward_state.py, norm_forward_clock.py; run from the repository root with
-PYTHONPATH=., each finds this file beside it): kernel time with the host held ahead, the float64 reference, the kernels one call launches, and the
-environment variables through which an experiment build picks a variant."""
+PYTHONPATH=., each finds this file beside it): kernel time with the host held ahead, an idle GPU, the float64
+reference, the kernels one call launches, and the environment variables through which an experiment build picks a
+variant."""
 import json
 import os
+import time
 
 import torch
 
@@ -21,6 +23,12 @@ def kernel_us(fn, reps: int) -> float:
     fn()
     torch.cuda.synchronize()
     return flushed_events_ms(fn, _flush, reps, hold_cycles=30_000_000) * 1e3
+
+
+def idle_gpu() -> None:
+    """Half a second with the GPU idle (the "idle" predecessor of norm_forward_state.py and norm_forward_clock.py)."""
+    torch.cuda.synchronize()
+    time.sleep(0.5)
 
 
 def rms_reference(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
