@@ -15,7 +15,6 @@ script): TORCHOPS_EXP_RR=v picks the form (0: the library's, 4 vectors a thread 
     PYTHONPATH=. python benchmarks/history/tuning/norm_add_register_occupancy.py [MxN ...]
 
 (default: 4096x2048)."""
-import os
 import statistics
 import sys
 
@@ -25,7 +24,7 @@ from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 
 import torchops
 from benchmarks import harness as H
-from norm_timing import check_variants, launches, rms_reference, time_variants
+from norm_timing import check_variants, launches, rms_reference, set_env, time_variants
 
 torch._dynamo.config.recompile_limit = 1024
 torch._dynamo.config.cache_size_limit = 1024
@@ -55,16 +54,15 @@ for shape in sys.argv[1:] or ["4096x2048"]:
     check_variants(fns, ENVS, 2e-5, shape)
     with torch.no_grad():
         for v in FORMS:
-            os.environ["TORCHOPS_EXP_RR"] = str(v)
+            set_env(ENVS, {"TORCHOPS_EXP_RR": v})
             print(f"KERNELS {shape} ours {v}:", *launches(fns[f"ours {v}"][0]), sep="\n   ")
-        os.environ.pop("TORCHOPS_EXP_RR", None)
+        set_env(ENVS, {})
     held = time_variants(fns, ENVS, REPS)
 
     # the bench's clock: every call sets its form's variable itself (read at each launch)
     def with_env(fn, env):
         def call():
-            os.environ.pop("TORCHOPS_EXP_RR", None)
-            os.environ.update({k: str(v) for k, v in env.items()})
+            set_env(ENVS, env)
             return fn()
         return call
 
@@ -74,7 +72,7 @@ for shape in sys.argv[1:] or ["4096x2048"]:
             times = H.time_all_ms({name: with_env(fn, env) for name, (fn, _, env) in fns.items()}, "cuda")
             for name, ms in times.items():
                 bench[name].append(ms * 1e3)
-    os.environ.pop("TORCHOPS_EXP_RR", None)
+    set_env(ENVS, {})
     copy_held, copy_bench = statistics.median(held["copy"]), statistics.median(bench["copy"])
     print(f"\nadd_rms_norm f32 {shape}, µs: kernel_us rounds, median, % of copy | bench clock rounds, median, % of copy")
     for name in sorted(fns, key=lambda k: statistics.median(held[k])):

@@ -1,8 +1,8 @@
 """What the norm forward tuning scripts share (norm_kernel_time.py, norm_forward_env_variants.py,
-norm_forward_block_rows_variants.py, norm_forward_state.py, norm_forward_clock.py; run from the repository root with
-PYTHONPATH=., each finds this file beside it): kernel time with the host held ahead, an idle GPU, the float64
-reference, the kernels one call launches, and the environment variables through which an experiment build picks a
-variant."""
+norm_forward_block_rows_variants.py, norm_forward_state.py, norm_forward_clock.py, norm_add_register_occupancy.py;
+run from the repository root with PYTHONPATH=., each finds this file beside it): kernel time with the host held
+ahead, an idle GPU, the float64 reference, the kernels one call launches, and the environment variables through which
+an experiment build picks a variant."""
 import json
 import os
 import time
