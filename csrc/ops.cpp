@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "autocast.h"
-#include "common/math_bits.h"
+#include "core/math_bits.h"
 #include "declarations.h"
 
 namespace torchops {
@@ -48,7 +48,7 @@ struct Pointwise {
 
 // Defines a schema with the tags every myns op carries (plus pointwise when declared), registers its
 // autocast kernels from its policy and records both (declarations.h); an op that writes an argument also
-// gets the math-bits kernels (common/math_bits.h), so no mutable schema, now or later, reaches PyTorch's
+// gets the math-bits kernels (core/math_bits.h), so no mutable schema, now or later, reaches PyTorch's
 // fallback.
 void define(torch::Library& m, const char* schema, std::optional<AutocastPolicy> autocast = std::nullopt,
             std::optional<Pointwise> pointwise = std::nullopt) {

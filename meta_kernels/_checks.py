@@ -1,6 +1,6 @@
 """The argument errors of the myns ops: one table of messages, and the fake kernels' checks that format it.
 
-MESSAGES holds every argument error a myns op raises, by key. The C++ checks (csrc/common/checks.cpp,
+MESSAGES holds every argument error a myns op raises, by key. The C++ checks (csrc/core/checks.cpp,
 norm.cpp, csr.cpp) raise the same text (tests/test_messages.py compares them on every error input of
 tests/op_db.py, which names its expected errors by key and fields, never by re-typed text); the fake kernels
 format it here. A new check adds its template here, formats it in the fake kernel with check(), and in C++
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-# The dtype lists of csrc/common/dispatch.h, in its order (tests/test_dtype_lists.py checks them against the
+# The dtype lists of csrc/core/dispatch.h, in its order (tests/test_dtype_lists.py checks them against the
 # kernels); INT_DTYPES are also the CSR index dtypes.
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INT_DTYPES = (torch.int32, torch.int64)
@@ -54,13 +54,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 # Fields are spelled as C++ prints them (_spell): dtypes as c10::toString, shapes as [4, 8], devices as cuda:0.
 MESSAGES: dict[str, str] = {
-    # every op (csrc/common/checks.cpp)
+    # every op (csrc/core/checks.cpp)
     "defined": "{x} must be a defined tensor",
     "dtype_in": "{x} has unsupported dtype {dtype}; supported: {supported}",
     "same_shape": "{x} and {y} must have the same shape, got {x_shape} and {y_shape}",
     "same_dtype": "{x} and {y} must have the same dtype, got {x_dtype} and {y_dtype}",
     "same_device": "{x} and {y} must be on the same device, got {x_device} and {y_device}",
-    # out= ops (checks.cpp; the Autograd kernels: common/autograd_utils.h); the fake kernels can't decide overlap
+    # out= ops (checks.cpp; the Autograd kernels: core/autograd_utils.h); the fake kernels can't decide overlap
     "internal_overlap": "{x} has internal overlap (several elements share memory, e.g. an expanded tensor); "
                         "it cannot be written",
     "partial_overlap": "{x} partially overlaps {y} (they share memory but are not the same view); pass the same "
@@ -69,7 +69,7 @@ MESSAGES: dict[str, str] = {
                          "functional op instead",
     # gated activations (checks.cpp)
     "approximate": "approximate must be 'none' or 'tanh', got '{got}'",
-    # row normalisation (csrc/common/norm.cpp)
+    # row normalisation (csrc/norm/norm.cpp)
     "at_least_1d": "{x} must have at least 1 dimension, got a 0-dim tensor",
     "normalised_dim_empty": "{x}'s last dimension (the normalised one) must be at least 1, got shape {shape}",
     "offset_without_weight": "weight_offset is non-zero but weight is None; pass a weight (ones to scale by 1 + "
@@ -80,7 +80,7 @@ MESSAGES: dict[str, str] = {
     "stat_shape_dtype": "{stat} must have shape {shape} ({x}'s leading dimensions) and dtype {dtype}, got shape "
                         "{got_shape} and dtype {got_dtype}",
     "weight_grad_without_weight": "weight_grad is true but weight is None",
-    # CSR (csrc/common/csr.cpp)
+    # CSR (csrc/csr/csr.cpp)
     "one_d": "{x} must be 1-D, got shape {shape}",
     "two_d": "{x} must be 2-D, got shape {shape}",
     "crow_empty": "{x} must hold M + 1 >= 1 entries, got none",

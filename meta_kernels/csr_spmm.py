@@ -1,5 +1,5 @@
 """Fake kernels for myns::csr_spmm and its backward helpers (_csr_spmm_with_transpose, _csr_sddmm,
-_csr_transpose), with the checks of csrc/common/csr.cpp in the same order (messages: meta_kernels._checks.MESSAGES).
+_csr_transpose), with the checks of csrc/csr/csr.cpp in the same order (messages: meta_kernels._checks.MESSAGES).
 
 The output sizes are symbolic where the inputs' are: M = crow_indices.numel() - 1, N = dense.size(1),
 nnz = col_indices.numel(). The CSR structure itself (values of the index tensors) is not checked here:

@@ -1,6 +1,6 @@
 """Fake kernels for myns::rms_norm, myns::add_rms_norm and their internal forward / backward ops.
 
-The checks are csrc/common/norm.cpp's, in the same order (messages: meta_kernels._checks.MESSAGES).
+The checks are csrc/norm/norm.cpp's, in the same order (messages: meta_kernels._checks.MESSAGES).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The dtype lists are one fact: csrc/common/dispatch.h generates both the C++ argument checks and the
+"""The dtype lists are one fact: csrc/core/dispatch.h generates both the C++ argument checks and the
 dispatch cases from its lists, and meta_kernels/_checks.py holds the same lists for the fake kernels and the
 tests (op_db's `dtypes`). Here every op's real and fake kernels are called with every dtype a tensor can
 have: each must accept exactly its op_db dtypes (a listed dtype without a dispatch case would raise "not

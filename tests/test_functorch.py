@@ -1,7 +1,7 @@
 """torch.func transforms (grad, vjp, jacrev, jvp, jacfwd, hessian, vmap) and forward-mode AD through the myns
 ops, against the same math in PyTorch's own ops, in float64.
 
-The Autograd kernels record graph nodes the way PyTorch's generated kernels do (csrc/common/autograd_node.h),
+The Autograd kernels record graph nodes the way PyTorch's generated kernels do (csrc/core/autograd_node.h),
 which is what lets functorch's wrapped tensors through; vmap runs the ops through PyTorch's batching fallback
 (one call per batch element).
 """

@@ -1,6 +1,6 @@
 """Lazy math bits (negative and conjugate views such as ``z.conj().imag``) on the ops' arguments.
 
-Every mutable myns op has its own kernels for the Negative and Conjugate keys (csrc/common/math_bits.cpp):
+Every mutable myns op has its own kernels for the Negative and Conjugate keys (csrc/core/math_bits.cpp):
 PyTorch's fallback for those keys assumes an out= op returns its out, tripped an internal assert on ours
 and left the process corrupt. These tests check the values against the same calls on plain tensors, run
 the original crash in a fresh process, and audit that every mutable op, now and later, has the kernels.

@@ -2,7 +2,7 @@
 kernel (CPU, and CUDA when present) and the fake kernel raise exactly the message the table formats.
 
 op_db names each expected error by key and fields; the fake kernels format the same templates; the C++
-checks (csrc/common/checks.cpp, norm.cpp, csr.cpp) build their text themselves, and this is where a
+checks (csrc/core/checks.cpp, norm.cpp, csr.cpp) build their text themselves, and this is where a
 difference between the two shows.
 """
 

@@ -178,7 +178,7 @@ def test_within_ulps_of_float64(device: str, dtype: torch.dtype) -> None:
 
 
 def test_cpu_outputs_over_32_mib_within_ulps() -> None:
-    # f32 outputs of 32 MiB + 20 bytes: the CPU kernels allocate them with huge-page advice (common/empty.h).
+    # f32 outputs of 32 MiB + 20 bytes: the CPU kernels allocate them with huge-page advice (core/empty.h).
     assert_within_ulps_of_float64("cpu", torch.float32, (1 << 23) + 5)
 
 

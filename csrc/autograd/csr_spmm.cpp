@@ -20,8 +20,8 @@
 
 #include <tuple>
 
-#include "../common/autograd_node.h"
-#include "../common/autograd_utils.h"
+#include "../core/autograd_node.h"
+#include "../core/autograd_utils.h"
 
 namespace torchops {
 namespace {

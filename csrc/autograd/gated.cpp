@@ -27,9 +27,9 @@
 #include <tuple>
 #include <utility>
 
-#include "../common/autograd_node.h"
-#include "../common/autograd_utils.h"
-#include "../common/gated.h"
+#include "../core/autograd_node.h"
+#include "../core/autograd_utils.h"
+#include "../elementwise/gated.h"
 
 namespace torchops {
 namespace {

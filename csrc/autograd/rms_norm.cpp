@@ -1,5 +1,5 @@
 // Autograd for rms_norm and add_rms_norm (the same pattern for both), as graph nodes PyTorch's torch.func
-// transforms accept (csrc/common/autograd_node.h).
+// transforms accept (csrc/core/autograd_node.h).
 //
 // With a gradient to record, the forward runs as _rms_norm_forward (out plus each row's rstd, saved for
 // backward) and the backward is _rms_norm_backward, both myns ops with their own kernels, so torch.compile /
@@ -26,9 +26,9 @@
 #include <optional>
 #include <tuple>
 
-#include "../common/autograd_node.h"
-#include "../common/autograd_utils.h"
-#include "../common/norm.h"
+#include "../core/autograd_node.h"
+#include "../core/autograd_utils.h"
+#include "../norm/norm.h"
 
 namespace torchops {
 namespace {

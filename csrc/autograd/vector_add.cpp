@@ -7,8 +7,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
-#include "../common/autograd_node.h"
-#include "../common/autograd_utils.h"
+#include "../core/autograd_node.h"
+#include "../core/autograd_utils.h"
 
 namespace torchops {
 namespace {

@@ -17,10 +17,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "../common/cpu_avx2.h"
-#include "../common/csr.h"
-#include "../common/dispatch.h"
-#include "../common/empty.h"
+#include "../core/cpu_avx2.h"
+#include "../csr/csr.h"
+#include "../core/dispatch.h"
+#include "../core/empty.h"
 
 namespace torchops {
 namespace {

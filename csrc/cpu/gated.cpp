@@ -8,10 +8,10 @@
 
 #include <array>
 
-#include "../common/cpu_elementwise.h"
-#include "../common/dispatch.h"
-#include "../common/empty.h"
-#include "../common/gated.h"
+#include "../elementwise/cpu_elementwise.h"
+#include "../core/dispatch.h"
+#include "../core/empty.h"
+#include "../elementwise/gated.h"
 
 namespace torchops {
 namespace {

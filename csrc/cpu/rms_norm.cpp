@@ -1,4 +1,4 @@
-// rms_norm and add_rms_norm on the CPU: the row math on top of the row engine (common/norm_cpu.h).
+// rms_norm and add_rms_norm on the CPU: the row math on top of the row engine (norm/norm_cpu.h).
 //   forward  - sweep 1 sums the squares of the row h (h = x, or for add_rms_norm h = x + residual rounded to
 //              T and stored as residual_out in the same sweep); sweep 2 writes (h * rstd) * (w + offset),
 //              formed in f32 (f64 for f64) and rounded once, F.rms_norm's order. For add_rms_norm the second
@@ -15,12 +15,12 @@
 #include <tuple>
 #include <type_traits>
 
-#include "../common/cpu_avx2.h"
-#include "../common/dispatch.h"
-#include "../common/empty.h"
-#include "../common/norm.h"
-#include "../common/norm_ops.h"
-#include "../common/norm_cpu.h"
+#include "../core/cpu_avx2.h"
+#include "../core/dispatch.h"
+#include "../core/empty.h"
+#include "../norm/norm.h"
+#include "../norm/norm_ops.h"
+#include "../norm/norm_cpu.h"
 
 namespace torchops {
 namespace {

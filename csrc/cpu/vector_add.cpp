@@ -4,11 +4,11 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
-#include "../common/activations.h"
-#include "../common/cpu_elementwise.h"
-#include "../common/dispatch.h"
-#include "../common/elementwise.h"
-#include "../common/empty.h"
+#include "../elementwise/activations.h"
+#include "../elementwise/cpu_elementwise.h"
+#include "../core/dispatch.h"
+#include "../elementwise/elementwise.h"
+#include "../core/empty.h"
 
 namespace torchops {
 namespace {

@@ -1,6 +1,6 @@
 // csr_spmm on CUDA: out = A @ dense, A an M x K CSR matrix, out M x N.
 //
-// Work split: merge path over rows + nonzeros (common/csr_cuda.cuh), one warp per unit of D items, so
+// Work split: merge path over rows + nonzeros (csr/csr_cuda.cuh), one warp per unit of D items, so
 // power-law rows (a few with 10^4..10^5 nonzeros, most with a handful) spread evenly over the GPU.
 // Inside a unit:
 //   - the unit's nonzeros stream through a 32-entry window: lane l loads (col, val) of nonzero w + l
@@ -29,11 +29,11 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "../common/csr.h"
-#include "../common/csr_cuda.cuh"
-#include "../common/cuda_utils.cuh"
-#include "../common/dispatch.h"
-#include "../common/empty.h"
+#include "../csr/csr.h"
+#include "../csr/csr_cuda.cuh"
+#include "../core/cuda_utils.cuh"
+#include "../core/dispatch.h"
+#include "../core/empty.h"
 
 namespace torchops {
 namespace {

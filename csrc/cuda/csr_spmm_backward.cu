@@ -20,11 +20,11 @@
 #include <limits>
 #include <tuple>
 
-#include "../common/csr.h"
-#include "../common/csr_cuda.cuh"
-#include "../common/cuda_utils.cuh"
-#include "../common/dispatch.h"
-#include "../common/empty.h"
+#include "../csr/csr.h"
+#include "../csr/csr_cuda.cuh"
+#include "../core/cuda_utils.cuh"
+#include "../core/dispatch.h"
+#include "../core/empty.h"
 
 namespace torchops {
 namespace {

@@ -9,10 +9,10 @@
 
 #include <array>
 
-#include "../common/cuda_elementwise.cuh"
-#include "../common/dispatch.h"
-#include "../common/empty.h"
-#include "../common/gated.h"
+#include "../elementwise/cuda_elementwise.cuh"
+#include "../core/dispatch.h"
+#include "../core/empty.h"
+#include "../elementwise/gated.h"
 
 namespace torchops {
 namespace {

@@ -1,4 +1,4 @@
-// rms_norm and add_rms_norm forward on CUDA, on the row engine of common/norm_cuda.cuh (row processors,
+// rms_norm and add_rms_norm forward on CUDA, on the row engine of norm/norm_cuda.cuh (row processors,
 // row sums, launch shapes). Each kernel serves both ops: kAdd reads input and residual once, stores
 // h = input + residual rounded to T (residual_out) and normalises the rounded h. The kept-in-registers
 // kernel:
@@ -23,11 +23,11 @@
 
 #include <tuple>
 
-#include "../common/dispatch.h"
-#include "../common/empty.h"
-#include "../common/norm.h"
-#include "../common/norm_cuda.cuh"
-#include "../common/norm_ops.h"
+#include "../core/dispatch.h"
+#include "../core/empty.h"
+#include "../norm/norm.h"
+#include "../norm/norm_cuda.cuh"
+#include "../norm/norm_ops.h"
 #include "rms_norm_forward.cuh"
 
 namespace torchops {

@@ -1,4 +1,4 @@
-// rms_norm and add_rms_norm backward on CUDA, on the row engine of common/norm_cuda.cuh. Both are one
+// rms_norm and add_rms_norm backward on CUDA, on the row engine of norm/norm_cuda.cuh. Both are one
 // kernel over the normalised rows h (rms_norm's input, add_rms_norm's residual_out):
 //   dx = rstd * g - h * rstd^3 / N * sum(g * h) (+ grad_residual_out), g = dy * (weight + offset);
 //   dweight = sum over rows of dy * h * rstd.
@@ -16,11 +16,11 @@
 #include <cstdint>
 #include <tuple>
 
-#include "../common/dispatch.h"
-#include "../common/empty.h"
-#include "../common/norm.h"
-#include "../common/norm_cuda.cuh"
-#include "../common/norm_ops.h"
+#include "../core/dispatch.h"
+#include "../core/empty.h"
+#include "../norm/norm.h"
+#include "../norm/norm_cuda.cuh"
+#include "../norm/norm_ops.h"
 
 namespace torchops {
 namespace {

@@ -1,4 +1,4 @@
-// rms_norm's forward kernel on the CUDA row engine (common/norm_cuda.cuh), shared by rms_norm.cu (plain
+// rms_norm's forward kernel on the CUDA row engine (norm/norm_cuda.cuh), shared by rms_norm.cu (plain
 // rows) and add_rms_norm.cu (kAdd: the residual added in the same pass), two translation units so that
 // the two sets of instantiations compile in parallel. See rms_norm.cu for the kernel's design.
 #pragma once
@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../common/dispatch.h"
-#include "../common/norm_cuda.cuh"
+#include "../core/dispatch.h"
+#include "../norm/norm_cuda.cuh"
 
 namespace torchops {
 namespace rms_norm_kernels {

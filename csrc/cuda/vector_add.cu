@@ -6,11 +6,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "../common/activations.h"
-#include "../common/cuda_elementwise.cuh"
-#include "../common/dispatch.h"
-#include "../common/elementwise.h"
-#include "../common/empty.h"
+#include "../elementwise/activations.h"
+#include "../elementwise/cuda_elementwise.cuh"
+#include "../core/dispatch.h"
+#include "../elementwise/elementwise.h"
+#include "../core/empty.h"
 
 namespace torchops {
 namespace {

@@ -30,10 +30,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "cuda_utils.cuh"
-#include "dispatch.h"
+#include "../core/cuda_utils.cuh"
+#include "../core/dispatch.h"
 #include "elementwise.h"
-#include "strided.h"
+#include "../core/strided.h"
 
 namespace torchops {
 namespace cuda {

@@ -17,8 +17,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_avx2.h"
-#include "dispatch.h"
+#include "../core/cpu_avx2.h"
+#include "../core/dispatch.h"
 
 namespace torchops {
 namespace norm_cpu {

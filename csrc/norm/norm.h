@@ -7,8 +7,8 @@
 #include <optional>
 #include <tuple>
 
-#include "checks.h"
-#include "dispatch.h"
+#include "../core/checks.h"
+#include "../core/dispatch.h"
 
 namespace torchops {
 

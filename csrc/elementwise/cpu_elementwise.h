@@ -20,10 +20,10 @@
 #include <type_traits>
 #include <utility>
 
-#include "cpu_avx2.h"
-#include "dispatch.h"
+#include "../core/cpu_avx2.h"
+#include "../core/dispatch.h"
 #include "elementwise.h"
-#include "strided.h"
+#include "../core/strided.h"
 
 namespace torchops {
 namespace cpu {

@@ -27,7 +27,7 @@
 #include <type_traits>
 
 #if !defined(__CUDACC__)
-#include "cpu_avx2.h"
+#include "../core/cpu_avx2.h"
 #endif
 
 namespace torchops {

@@ -27,8 +27,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "cuda_utils.cuh"
-#include "dispatch.h"
+#include "../core/cuda_utils.cuh"
+#include "../core/dispatch.h"
 
 namespace torchops {
 namespace norm_cuda {

@@ -18,7 +18,7 @@
 
 #include <c10/cuda/CUDAException.h>
 
-#include "cuda_utils.cuh"
+#include "../core/cuda_utils.cuh"
 
 namespace torchops {
 namespace cuda {

@@ -16,8 +16,8 @@
 #include <initializer_list>
 #include <utility>
 
-#include "checks.h"
-#include "strided.h"
+#include "../core/checks.h"
+#include "../core/strided.h"
 
 namespace torchops {
 

@@ -6,7 +6,7 @@
 #include <atomic>
 #include <limits>
 
-#include "dispatch.h"
+#include "../core/dispatch.h"
 
 namespace torchops {
 

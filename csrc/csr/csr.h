@@ -4,7 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "checks.h"
+#include "../core/checks.h"
 
 namespace torchops {
 

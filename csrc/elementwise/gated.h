@@ -17,8 +17,8 @@
 #include <tuple>
 
 #include "activations.h"
-#include "checks.h"
-#include "dispatch.h"
+#include "../core/checks.h"
+#include "../core/dispatch.h"
 #include "elementwise.h"
 
 namespace torchops {
