@@ -4,6 +4,7 @@ The library is a CUDAExtension when nvcc and a CUDA-enabled torch are present, e
 
 Environment:
   TORCHOPS_FORCE_CUDA=1   fail instead of falling back to a CPU-only build when CUDA is missing
+  TORCHOPS_CPU_ONLY=1     build the CPU kernels only, even where nvcc and a CUDA torch are present
   TORCH_CUDA_ARCH_LIST    GPU archs to build for (e.g. "9.0"); unset with no GPU visible -> 9.0
   CUDA_HOME               CUDA toolkit root; defaults to /usr/local/cuda when nvcc lives there
   DEBUG=1                 -O0 -g instead of -O3
@@ -32,6 +33,7 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 FORCE_CUDA = os.environ.get("TORCHOPS_FORCE_CUDA", "0") == "1"
+CPU_ONLY = os.environ.get("TORCHOPS_CPU_ONLY", "0") == "1"
 DEFAULT_ARCH = "9.0"  # the project's GPU machine is an H200
 
 
@@ -40,6 +42,8 @@ def _log(msg: str) -> None:
 
 
 def _cuda_available_for_build() -> tuple[bool, str]:
+    if CPU_ONLY:
+        return False, "TORCHOPS_CPU_ONLY=1"
     if torch.version.cuda is None:
         return False, f"torch {torch.__version__} is a CPU-only build"
     if CUDA_HOME is None or not os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")):

@@ -148,4 +148,21 @@ TORCH_LIBRARY(myns, m) {
   // grad_residual_out when given) and grad_weight (when weight_grad; else a [0]-shaped placeholder).
   define(m, "_add_rms_norm_backward(Tensor grad_out, Tensor? grad_residual_out, Tensor residual_out, Tensor? weight, "
             "Tensor rstd, bool weight_grad, float weight_offset=0.0) -> (Tensor grad_input, Tensor grad_weight)");
+
+  m.set_python_module("meta_kernels.layer_norm");
+  // F.layer_norm(input, (N,), weight, bias, eps) over the last dimension N: (input - mean) * rstd * weight + bias,
+  // the mean and the biased variance in f32 (f64 for f64 input).
+  // Autocast: as F.layer_norm, as is on the CPU, float32 on CUDA (autocast's fp32 list).
+  define(m, "layer_norm(Tensor input, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
+         AutocastPolicy{Cast::kAsIs, Cast::kFloat32});
+  // Internal, for autograd: out plus each row's mean and rstd (shape input.shape[:-1]; float32, float64 for
+  // float64).
+  define(m, "_layer_norm_forward(Tensor input, Tensor? weight, Tensor? bias, float eps=1e-05) "
+            "-> (Tensor out, Tensor mean, Tensor rstd)");
+  // Internal: grad_input (when input_grad), grad_weight (when weight_grad; needs a weight; weight's dtype) and
+  // grad_bias (when bias_grad; weight's dtype, or the stat dtype without a weight); an output not asked for is a
+  // [0]-shaped placeholder.
+  define(m, "_layer_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor mean, Tensor rstd, "
+            "bool input_grad, bool weight_grad, bool bias_grad) -> (Tensor grad_input, Tensor grad_weight, "
+            "Tensor grad_bias)");
 }

@@ -74,9 +74,11 @@ MESSAGES: dict[str, str] = {
     "normalised_dim_empty": "{x}'s last dimension (the normalised one) must be at least 1, got shape {shape}",
     "offset_without_weight": "weight_offset is non-zero but weight is None; pass a weight (ones to scale by 1 + "
                              "weight_offset)",
-    "weight_shape": "weight must be 1-D of size {n} ({x}'s last dimension), got shape {shape}",
-    "weight_dtype": "weight must have {x}'s dtype ({dtype}), got {weight_dtype}",
-    "weight_dtype_or_float": "weight must have {x}'s dtype ({dtype}) or Float, got {weight_dtype}",
+    "param_shape": "{param} must be 1-D of size {n} ({x}'s last dimension), got shape {shape}",
+    "param_dtype": "{param} must have {x}'s dtype ({dtype}), got {param_dtype}",
+    "param_dtype_or_float": "{param} must have {x}'s dtype ({dtype}) or Float, got {param_dtype}",
+    # raised by the real kernels only (a backend's limit, from the row length)
+    "row_limit": "{x}'s rows of {n} elements are longer than this device's kernels take ({max})",
     "stat_shape_dtype": "{stat} must have shape {shape} ({x}'s leading dimensions) and dtype {dtype}, got shape "
                         "{got_shape} and dtype {got_dtype}",
     "weight_grad_without_weight": "weight_grad is true but weight is None",

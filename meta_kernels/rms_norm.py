@@ -27,11 +27,19 @@ def check_norm_input(
     if weight is None:
         check(weight_offset == 0.0, op, "offset_without_weight")
         return
-    same_device(op, (name, input), ("weight", weight))
-    check(weight.dim() == 1 and weight.shape[0] == n, op, "weight_shape", n=n, x=name, shape=list(weight.shape))
-    reduced = input.dtype in _REDUCED
-    check(weight.dtype == input.dtype or (reduced and weight.dtype == torch.float32), op,
-          "weight_dtype_or_float" if reduced else "weight_dtype", x=name, dtype=input.dtype, weight_dtype=weight.dtype)
+    check_norm_param(op, (name, input), ("weight", weight))
+
+
+def check_norm_param(op: str, input: tuple[str, torch.Tensor], param: tuple[str, torch.Tensor]) -> None:
+    """A per-column parameter (weight, bias): 1-D of input's last size, its device, its dtype or (16-bit) float32."""
+    name, x = input
+    pname, w = param
+    same_device(op, input, param)
+    n = x.shape[-1]
+    check(w.dim() == 1 and w.shape[0] == n, op, "param_shape", param=pname, n=n, x=name, shape=list(w.shape))
+    reduced = x.dtype in _REDUCED
+    check(w.dtype == x.dtype or (reduced and w.dtype == torch.float32), op,
+          "param_dtype_or_float" if reduced else "param_dtype", param=pname, x=name, dtype=x.dtype, param_dtype=w.dtype)
 
 
 def check_norm_input_pair(

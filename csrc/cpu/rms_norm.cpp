@@ -343,10 +343,8 @@ void forward_cpu_into(const at::Tensor& input, const at::Tensor& residual, const
 std::tuple<at::Tensor, at::Tensor> backward_cpu(const at::Tensor& grad_out, const at::Tensor& h,
                                                 const at::Tensor& dres, const std::optional<at::Tensor>& weight,
                                                 const at::Tensor& rstd, bool input_grad, bool weight_grad,
-                                                double weight_offset) {
+                                                double weight_offset, at::Tensor grad_input, at::Tensor grad_weight) {
   const at::Tensor w = dense_weight(weight);
-  at::Tensor grad_input, grad_weight;  // not structured bindings: the lambdas below capture them (C++17)
-  std::tie(grad_input, grad_weight) = norm_backward_outputs(h, w, input_grad, weight_grad, empty_dense_cpu);
   if (!input_grad && !weight_grad) return {grad_input, grad_weight};
 
   const NormRows x = norm_rows(h);
@@ -382,11 +380,21 @@ std::tuple<at::Tensor, at::Tensor> backward_cpu(const at::Tensor& grad_out, cons
 
 // What the shared entry points (norm_ops.h) call on the CPU.
 struct CpuNorm {
+  static constexpr int64_t kMaxRow = INT64_MAX;
   static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor&) {
     return empty_dense_cpu(sizes, dtype);
   }
-  static constexpr auto forward_into = &forward_cpu_into;
-  static constexpr auto backward = &backward_cpu;
+  static void forward(const NormForward& f) {
+    TORCH_CHECK(f.kind == NormKind::kRms, "layer_norm: not yet on the CPU");
+    forward_cpu_into(f.input, f.residual, f.weight.defined() ? std::optional<at::Tensor>(f.weight) : std::nullopt,
+                     f.eps, f.weight_offset, f.out, f.residual_out, f.rstd);
+  }
+  static void backward(const NormBackward& b) {
+    TORCH_CHECK(b.kind == NormKind::kRms, "layer_norm: not yet on the CPU");
+    backward_cpu(b.grad_out, b.input, b.grad_residual_out,
+                 b.weight.defined() ? std::optional<at::Tensor>(b.weight) : std::nullopt, b.rstd,
+                 b.grad_input.defined(), b.grad_weight.defined(), b.weight_offset, b.grad_input, b.grad_weight);
+  }
 };
 using Ops = NormOps<CpuNorm>;
 

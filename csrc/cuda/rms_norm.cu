@@ -74,10 +74,15 @@ void forward_cuda_into(const at::Tensor& input, const at::Tensor& residual, cons
 
 // What the shared entry points (norm_ops.h) call for the forward ops on CUDA.
 struct CudaNormForward {
+  static constexpr int64_t kMaxRow = (int64_t{1} << 31) - (int64_t{1} << 16) - 1;
   static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& like) {
     return empty_dense_cuda(sizes, dtype, like.device());
   }
-  static constexpr auto forward_into = &forward_cuda_into;
+  static void forward(const NormForward& f) {
+    TORCH_CHECK(f.kind == NormKind::kRms, "layer_norm: not yet on CUDA");
+    forward_cuda_into(f.input, f.residual, f.weight.defined() ? std::optional<at::Tensor>(f.weight) : std::nullopt,
+                      f.eps, f.weight_offset, f.out, f.residual_out, f.rstd);
+  }
 };
 using Ops = NormOps<CudaNormForward>;
 

@@ -533,15 +533,10 @@ void launch_backward(BackwardArgs<T, W> a, int64_t rows, int64_t n, double offse
 std::tuple<at::Tensor, at::Tensor> backward_cuda(const at::Tensor& grad_out, const at::Tensor& h,
                                                  const at::Tensor& dres, const std::optional<at::Tensor>& weight,
                                                  const at::Tensor& rstd, bool input_grad, bool weight_grad,
-                                                 double weight_offset) {
+                                                 double weight_offset, at::Tensor grad_input, at::Tensor grad_weight) {
   const c10::cuda::CUDAGuard device_guard(h.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor w = dense_weight(weight);
-  at::Tensor grad_input, grad_weight;
-  std::tie(grad_input, grad_weight) =
-      norm_backward_outputs(h, w, input_grad, weight_grad, [&](c10::IntArrayRef sizes, at::ScalarType dtype) {
-        return empty_dense_cuda(sizes, dtype, h.device());
-      });
   if (!input_grad && !weight_grad) return {grad_input, grad_weight};
   const NormRows x = norm_rows(h);
   if (x.rows == 0) {
@@ -578,7 +573,16 @@ std::tuple<at::Tensor, at::Tensor> backward_cuda(const at::Tensor& grad_out, con
 
 // What the shared entry points (norm_ops.h) call for the backward ops on CUDA.
 struct CudaNormBackward {
-  static constexpr auto backward = &backward_cuda;
+  static constexpr int64_t kMaxRow = INT32_MAX - 512;
+  static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& like) {
+    return empty_dense_cuda(sizes, dtype, like.device());
+  }
+  static void backward(const NormBackward& b) {
+    TORCH_CHECK(b.kind == NormKind::kRms, "layer_norm: not yet on CUDA");
+    backward_cuda(b.grad_out, b.input, b.grad_residual_out,
+                  b.weight.defined() ? std::optional<at::Tensor>(b.weight) : std::nullopt, b.rstd,
+                  b.grad_input.defined(), b.grad_weight.defined(), b.weight_offset, b.grad_input, b.grad_weight);
+  }
 };
 using Ops = NormOps<CudaNormBackward>;
 

@@ -1,5 +1,6 @@
-// Shared front half of normalisations over the last dimension (rms_norm; layer_norm would fit too), used
-// by the CPU and CUDA backends alike: argument checks, the rows x cols view of an input, output shapes.
+// Shared front half of the normalisations over the last dimension (rms_norm, add_rms_norm, layer_norm), used by
+// the CPU and CUDA backends alike: argument checks, the rows x cols view of an input, the arguments of one
+// forward or backward call.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,6 +20,13 @@ namespace torchops {
 void check_norm_input(const char* op, NamedTensor input, const std::optional<at::Tensor>& weight,
                       double weight_offset);
 
+// check_norm_input for layer_norm: bias (when given) follows weight's rule, and has weight's dtype when both are.
+void check_layer_norm_input(const char* op, NamedTensor input, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias);
+
+// A backend's longest row (elements), checked under the op's name; INT64_MAX: no limit.
+void check_norm_row_limit(const char* op, NamedTensor input, int64_t max_row);
+
 // check_norm_input, plus `other` (a residual, a gradient added to dx) of input's shape, dtype and device.
 void check_norm_input_pair(const char* op, NamedTensor input, NamedTensor other,
                            const std::optional<at::Tensor>& weight, double weight_offset);
@@ -29,6 +37,35 @@ void check_norm_input_pair(const char* op, NamedTensor input, NamedTensor other,
 void check_norm_backward(const char* op, NamedTensor grad_out, NamedTensor input,
                          const std::optional<at::Tensor>& weight, NamedTensor stat, bool weight_grad,
                          double weight_offset);
+
+// A per-row statistic (rstd, mean) of input's leading shape and the stat dtype, on input's device.
+void check_norm_stat(const char* op, NamedTensor input, NamedTensor stat);
+
+// What a norm does with a row x: rms_norm scales it, x * rstd (rstd = 1 / sqrt(mean(x^2) + eps)); layer_norm
+// centres it, (x - mean) * rstd (rstd = 1 / sqrt(var + eps), the biased variance), then adds the bias.
+enum class NormKind { kRms, kLayer };
+
+// One forward call, as the entry points (norm_ops.h) hand it to a backend. Tensors are undefined where absent
+// or not wanted; outputs are dense and allocated.
+struct NormForward {
+  NormKind kind = NormKind::kRms;
+  at::Tensor input, residual;  // residual: add_rms_norm (then residual_out = input + residual is normalised)
+  at::Tensor weight, bias;     // dense 1-D
+  double eps = 0.0, weight_offset = 0.0;
+  at::Tensor out, residual_out;
+  at::Tensor mean, rstd;  // per row, when saved for the backward (mean: layer_norm)
+};
+
+// One backward call: the gradients of the rows `input` (add_rms_norm: residual_out) normalised with the saved
+// statistics. grad_residual_out (add_rms_norm) is added to grad_input. Outputs are allocated where wanted and
+// undefined otherwise.
+struct NormBackward {
+  NormKind kind = NormKind::kRms;
+  at::Tensor grad_out, input, grad_residual_out;
+  at::Tensor weight, mean, rstd;
+  double weight_offset = 0.0;
+  at::Tensor grad_input, grad_weight, grad_bias;
+};
 
 // Dtype of per-row statistics (rstd) and of dweight accumulation: float64 for float64, else float32.
 inline at::ScalarType norm_stat_dtype(at::ScalarType input) {
@@ -61,16 +98,6 @@ void dispatch_norm_types(at::ScalarType input, const at::Tensor& weight, Fn&& fn
     }
     fn(scalar_t{}, scalar_t{});
   });
-}
-
-// Outputs of a backward op: (grad_input of input's shape, grad_weight of weight's), each a [0]-shaped
-// placeholder of its dtype when not requested. empty(sizes, dtype) is the backend's dense allocator.
-template <typename Empty>
-std::tuple<at::Tensor, at::Tensor> norm_backward_outputs(const at::Tensor& input, const at::Tensor& weight,
-                                                         bool input_grad, bool weight_grad, Empty&& empty) {
-  const auto weight_dtype = weight.defined() ? weight.scalar_type() : input.scalar_type();
-  return {input_grad ? empty(input.sizes(), input.scalar_type()) : empty({0}, input.scalar_type()),
-          weight_grad ? empty(weight.sizes(), weight_dtype) : empty({0}, weight_dtype)};
 }
 
 }  // namespace torchops

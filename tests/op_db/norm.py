@@ -160,14 +160,14 @@ def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[Erro
         e(Sample((f32(4, 8).to(torch.int32), None, 1e-6) + extra), "dtype_in", x="input", dtype=torch.int32,
           supported=FLOAT_DTYPES),
         e(Sample((f32(3, 0), None, 1e-6) + extra), "normalised_dim_empty", x="input", shape=[3, 0]),
-        e(Sample((f32(4, 8), f32(9), 1e-6) + extra), "weight_shape", n=8, x="input", shape=[9]),
-        e(Sample((f32(4, 8), f32(1, 8), 1e-6) + extra), "weight_shape", n=8, x="input", shape=[1, 8]),
-        e(Sample((f32(4, 8), f32(8).double(), 1e-6) + extra), "weight_dtype", x="input", dtype=torch.float32,
-          weight_dtype=f64),
-        e(Sample((f32(4, 8).half(), f32(8).bfloat16(), 1e-6) + extra), "weight_dtype_or_float", x="input", dtype=f16,
-          weight_dtype=bf16),
-        e(Sample((f32(4, 8).double(), f32(8), 1e-6) + extra), "weight_dtype", x="input", dtype=f64,
-          weight_dtype=torch.float32),
+        e(Sample((f32(4, 8), f32(9), 1e-6) + extra), "param_shape", param="weight", n=8, x="input", shape=[9]),
+        e(Sample((f32(4, 8), f32(1, 8), 1e-6) + extra), "param_shape", param="weight", n=8, x="input", shape=[1, 8]),
+        e(Sample((f32(4, 8), f32(8).double(), 1e-6) + extra), "param_dtype", param="weight", x="input", dtype=torch.float32,
+          param_dtype=f64),
+        e(Sample((f32(4, 8).half(), f32(8).bfloat16(), 1e-6) + extra), "param_dtype_or_float", param="weight", x="input", dtype=f16,
+          param_dtype=bf16),
+        e(Sample((f32(4, 8).double(), f32(8), 1e-6) + extra), "param_dtype", param="weight", x="input", dtype=f64,
+          param_dtype=torch.float32),
     ]
     if not extra:  # ops whose next argument is weight_offset
         cases.append(e(Sample((f32(4, 8), None, 1e-6, 0.5)), "offset_without_weight"))
@@ -192,7 +192,7 @@ def rms_norm_backward_errors(device: str) -> list[ErrorInput]:
     rstd = dict(stat="rstd", shape=[4], x="input", dtype=torch.float32)
     cases = [
         e(Sample((f32(4, 8), f32(()), None, f32(()), True, False)), "at_least_1d", x="input"),
-        e(Sample((f32(4, 8), x, f32(7), f32(4), True, True)), "weight_shape", n=8, x="input", shape=[7]),
+        e(Sample((f32(4, 8), x, f32(7), f32(4), True, True)), "param_shape", param="weight", n=8, x="input", shape=[7]),
         e(Sample((f32(4, 9), x, w, f32(4), True, True)), "same_shape", x="input", y="grad_out", x_shape=[4, 8],
           y_shape=[4, 9]),
         e(Sample((f32(4, 8).half(), x, w, f32(4), True, True)), "same_dtype", x="input", y="grad_out",
@@ -307,7 +307,7 @@ def _add_rms_norm_errors(op: str, device: str) -> list[ErrorInput]:
         e(Sample((f32(()), f32(()), None, 1e-6, 0.0)), "at_least_1d", x="input"),
         e(Sample((x.to(torch.int32), x.to(torch.int32), None, 1e-6, 0.0)), "dtype_in", x="input", dtype=torch.int32,
           supported=FLOAT_DTYPES),
-        e(Sample((x, f32(4, 8), f32(9), 1e-6, 0.0)), "weight_shape", n=8, x="input", shape=[9]),
+        e(Sample((x, f32(4, 8), f32(9), 1e-6, 0.0)), "param_shape", param="weight", n=8, x="input", shape=[9]),
         e(Sample((x, f32(4, 9), w, 1e-6, 0.0)), "same_shape", **pair, x_shape=[4, 8], y_shape=[4, 9]),
         e(Sample((x, f32(8), w, 1e-6, 0.0)), "same_shape", **pair, x_shape=[4, 8], y_shape=[8]),
         e(Sample((x, f32(4, 8).half(), w, 1e-6, 0.0)), "same_dtype", **pair, x_dtype=torch.float32,
