@@ -1,22 +1,17 @@
-// The CUDA row engine shared by the normalisations over the last dimension (rms_norm, add_rms_norm; a
-// LayerNorm or QK-norm is one more file of row math on top of it). It fixes how rows map to threads:
-//   - "row processors": one warp per row while a row fits 32 lanes x kWarpMaxUnits 16-byte units, else one
-//     block per row. Block rows come in two shapes (ForwardShapes / BackwardShapes): blocks just large
-//     enough to keep the row in registers, a few units per thread (small blocks, so several rows are in
-//     flight per SM and one row's reduction overlaps another's loads), and for longer rows the largest
-//     block, the rest of the row read a second time (then mostly from L2). The forward adds a third,
-//     "stream" blocks keeping nothing, which it uses where they measured faster (rms_norm_forward.cuh), and
-//     the backward a "staged" block whose next rows are copied into shared memory while it works on one
-//     (RowRing), for longer rows a thread-block cluster of them sharing each row (staged_split,
-//     cluster_row_sum);
-//   - accesses in "chunks" of kC elements (a 16-byte vector when every row start is aligned, else one
-//     element); chunk c of a row covers elements [c * kC, c * kC + kC), and a processor's thread t owns
-//     chunks t, t + threads, ...;
+// The CUDA row engine of the normalisations over the last dimension. It fixes how rows map to threads and
+// how a row's statistics are formed; the kernels (cuda/norm_forward.cuh, cuda/norm_backward.cuh) and their
+// launch plans (norm_plan.h) are built on it:
+//   - accesses in "chunks" of kC elements: a 16-byte vector when every row start is aligned, else one
+//     element. Chunk c of a row covers elements [c * kC, c * kC + kC); a row's thread t owns chunks t,
+//     t + row_threads, ...;
 //   - row sums: per thread in RowSum<T> (f64 for f32/f64 input, so the error of a long row's sum does not
-//     grow with its length; f32 for 16-bit input, whose outputs round far coarser), then warp shuffles
-//     (+ shared memory across the block's warps), a fixed tree: every thread gets the same bits;
-//   - the backward's deterministic column partials: one partial row per block, summed in block order by
-//     norm_column_reduce_kernel.
+//     grow with its length; f32 for 16-bit input, whose outputs round far coarser), then a fixed butterfly
+//     over the row's threads (shuffles, shared memory across warps, distributed shared memory across a
+//     cluster): every thread of a row gets the same bits;
+//   - the statistics of a row (RowMath): rms_norm's sum of squares; layer_norm's sums of (x - x0) and
+//     (x - x0)^2, shifted by the row's first element x0 so the variance does not cancel;
+//   - the backward's deterministic column partials: one partial row per row group, in RowSum<T>, summed in
+//     group order by norm_column_reduce_kernel.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -35,41 +30,191 @@ namespace norm_cuda {
 
 using namespace torchops::cuda;
 
-constexpr int kWarpMaxUnits = 8;   // 16-byte units per lane at most in warp-per-row mode
-constexpr int kMinRowThreads = 64;
-
-// Block-per-row shapes of a kernel family: kUnits 16-byte units per thread kept in registers on at most
-// kThreads threads (also the launch bound); longer rows keep kLongUnits on kLongThreads, the rest read twice.
-// kMinBlocks: the block kernels' launch-bound residency, which caps their registers (65536 / (threads x
-// blocks)). The forward takes up to 128 registers a thread for 8 units: capped at 64 (two 512-thread
-// blocks per SM), ptxas spilled 600-1400 bytes a thread for 16-bit inputs, so it stays at one.
-struct ForwardShapes {  // one row's worth in registers
-  static constexpr int kUnits = 8, kThreads = 512, kLongUnits = 4, kLongThreads = 1024, kMinBlocks = 1;
-};
-struct BackwardShapes {  // two rows' worth (x and dy): at 1024 threads ptxas spilled the bf16 variant
-  static constexpr int kUnits = 4, kThreads = 512, kLongUnits = 4, kLongThreads = 512, kMinBlocks = 1;
-};
-constexpr int kReduceRows = 16;  // column reduction: partial rows summed in parallel per column
-
-// Per-thread row sums: see above.
+// Per-thread row sums and the backward's column partials: see above.
 template <typename T>
 using RowSum = std::conditional_t<is_16bit_float<T>, float, double>;
 
-// Where a thread sits: the warp (kBlockPerRow = false) or the block handles a row.
-template <bool kBlockPerRow>
-struct Processor {
-  __device__ static int tid() { return kBlockPerRow ? threadIdx.x : threadIdx.x % kWarpSize; }
-  __device__ static int threads() { return kBlockPerRow ? blockDim.x : kWarpSize; }
-  __device__ static int per_block() { return kBlockPerRow ? 1 : blockDim.x / kWarpSize; }
-  __device__ static int in_block() { return kBlockPerRow ? 0 : threadIdx.x / kWarpSize; }
+// kN sums reduced together (rms_norm's one, layer_norm's two).
+template <typename S, int kN>
+struct Sums {
+  S v[kN];
+  __device__ __forceinline__ Sums& operator+=(const Sums& o) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] += o.v[i];
+    return *this;
+  }
 };
 
-// Rows staged through shared memory: while a block works on one row, each thread's copies of its chunks of
-// the next rows are in flight (cp.async) into a ring of kStages row buffers. A thread reads back only the
-// chunks it copied itself, so the ring needs no barrier. A buffer holds the same row of kTensors tensors,
-// kUnits chunks a thread (chunk tid + k * threads), laid out [stage][tensor][unit][thread]: a warp's 16-byte
-// accesses are consecutive. Every fetch commits one copy group (empty past the block's rows), so wait()
-// (at most kStages - 1 groups in flight) always means "the oldest fetched row is here".
+template <typename S, int kN>
+__device__ __forceinline__ Sums<S, kN> zero_sums() {
+  Sums<S, kN> s;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) s.v[i] = S(0);
+  return s;
+}
+
+// The sums over `width` consecutive lanes (a power of two up to 32; the width-lane groups of a warp reduce
+// independently), in every lane of the group.
+template <typename S, int kN>
+__device__ __forceinline__ Sums<S, kN> lanes_sum(Sums<S, kN> s, int width) {
+  for (int offset = width / 2; offset > 0; offset >>= 1) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) s.v[i] += __shfl_xor_sync(kFullWarpMask, s.v[i], offset);
+  }
+  return s;
+}
+
+// The sums of a row held by `group_warps` whole warps of the block (row `group` on warps [group * group_warps,
+// (group + 1) * group_warps)), in each of its threads. Every thread of the block must call it, once a row, with
+// one barrier: consecutive calls alternate halves of `scratch` (parity), so a warp writes a half again two rows
+// on, past the barrier of the row between, which no warp passes before its reads of the half are done.
+template <typename S, int kN>
+__device__ __forceinline__ Sums<S, kN> warps_sum(Sums<S, kN> s, S (&scratch)[2][kN][kWarpSize], int parity, int group,
+                                                 int group_warps) {
+  s = lanes_sum(s, kWarpSize);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) scratch[parity][i][warp] = s.v[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kN; ++i) s.v[i] = lane < group_warps ? scratch[parity][i][group * group_warps + lane] : S(0);
+  return lanes_sum(s, kWarpSize);
+}
+
+// The sums of a row split over the blocks of a cluster, from each block's sums `s` (the same bits in all of its
+// threads): published in slots[parity], then added in rank order after a cluster barrier. Every thread of the
+// cluster must call it; parity alternates by row as in warps_sum. (A block must not exit while a peer may still
+// read its slots: one more cluster_barrier() after its last row.)
+template <typename S, int kN>
+__device__ __forceinline__ Sums<S, kN> cluster_sum(const Sums<S, kN>& s, Sums<S, kN> (&slots)[2], int parity,
+                                                   int cluster) {
+  if (threadIdx.x == 0) slots[parity] = s;
+  cluster_barrier();
+  Sums<S, kN> total = zero_sums<S, kN>();
+  for (int q = 0; q < cluster; ++q) total += *cluster_peer(&slots[parity], q);
+  return total;
+}
+
+// Hides a kept chunk's value from the optimizer between a row's sweeps: otherwise it keeps the first sweep's f32
+// conversions of 16-bit values live until the second (twice the registers of the packed values) and spills.
+template <typename T, int kC>
+__device__ __forceinline__ void keep_packed(AlignedVector<T, kC>& v) {
+  if constexpr (sizeof(v) % 4 == 0 && !std::is_same_v<T, double>) {
+    auto* words = reinterpret_cast<unsigned int*>(&v);
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(v) / 4); ++i) asm volatile("" : "+r"(words[i]));
+  }
+}
+
+// 16-byte accesses with L2 (and L1) priorities, or plain ones (element accesses, or kHinted false).
+template <typename T, int kC, L1Use kL1 = L1Use::kNormal>
+__device__ __forceinline__ AlignedVector<T, kC> read_chunk(const T* base, int64_t c, uint64_t policy, bool hinted) {
+  if constexpr (sizeof(T) * kC == kVectorBytes) {
+    if (hinted) return load_vector_l2<T, kC, kL1>(base, c, policy);
+  }
+  return load_vector<T, kC>(base, c);
+}
+
+template <typename T, int kC>
+__device__ __forceinline__ void write_chunk(T* base, int64_t c, const AlignedVector<T, kC>& v, uint64_t policy,
+                                            bool hinted) {
+  if constexpr (sizeof(T) * kC == kVectorBytes) {
+    if (hinted) return store_vector_l2(base, c, v, policy);
+  }
+  store_vector<T, kC>(base, c, v);
+}
+
+// ------------------------------------------------------------------------------------------------ row math
+// What a norm computes of its rows. kLayer: layer_norm (centred, with a bias), else rms_norm. Statistics of a
+// row are Sums of kStats values per thread; `shift` is layer_norm's x0 (0 for rms_norm).
+template <bool kLayer, typename T>
+struct RowMath {
+  using A = opmath_t<T>;
+  using S = RowSum<T>;
+  static constexpr int kStats = kLayer ? 2 : 1;
+  using Stats = Sums<S, kStats>;
+
+  template <int kC>
+  __device__ static __forceinline__ void add_chunk(Stats& s, const AlignedVector<T, kC>& v, A shift) {
+    if constexpr (kLayer) {
+      A d1 = 0, d2 = 0;
+#pragma unroll
+      for (int e = 0; e < kC; ++e) {
+        const A d = static_cast<A>(v.val[e]) - shift;
+        d1 += d;
+        d2 += d * d;
+      }
+      s.v[0] += d1;
+      s.v[1] += d2;
+    } else {
+      (void)shift;
+      A d2 = 0;
+#pragma unroll
+      for (int e = 0; e < kC; ++e) {
+        const A a = static_cast<A>(v.val[e]);
+        d2 += a * a;
+      }
+      s.v[0] += d2;
+    }
+  }
+
+  // mean (layer_norm; 0 for rms_norm) and rstd of an n-element row from its reduced sums, in the working
+  // precision in F.rms_norm's / F.layer_norm's order (mean, + eps, 1 / sqrt). rms_norm's sum is rounded to the
+  // working precision before the mean, as F.rms_norm sums in it: a row whose sum of squares overflows it
+  // normalises to 0 as there, however its values are laid out (a partial sum that overflows means the row's does).
+  __device__ static __forceinline__ void finish(const Stats& s, int64_t n, A eps, A shift, A& mean, A& rstd) {
+    if constexpr (kLayer) {
+      const S m1 = s.v[0] / static_cast<S>(n);
+      S var = s.v[1] / static_cast<S>(n) - m1 * m1;
+      var = var > S(0) ? var : S(0);
+      mean = static_cast<A>(static_cast<S>(shift) + m1);
+      rstd = A(1) / sqrt(static_cast<A>(var) + eps);
+    } else {
+      (void)shift;
+      mean = A(0);
+      rstd = A(1) / sqrt(static_cast<A>(s.v[0]) / static_cast<A>(n) + eps);
+    }
+  }
+
+  // One output chunk: ((x - mean) * rstd) * (w + offset) (+ b), formed in A and rounded once. Without a weight
+  // (kWeight false) w is not read; without a bias neither is b.
+  template <bool kWeight, bool kBias, typename W, int kC>
+  __device__ static __forceinline__ AlignedVector<T, kC> normalize(const AlignedVector<T, kC>& v,
+                                                                   const AlignedVector<W, kC>& w,
+                                                                   const AlignedVector<W, kC>& b, A mean, A rstd,
+                                                                   A offset) {
+    AlignedVector<T, kC> out;
+#pragma unroll
+    for (int e = 0; e < kC; ++e) {
+      A y = kLayer ? (static_cast<A>(v.val[e]) - mean) * rstd : static_cast<A>(v.val[e]) * rstd;
+      if constexpr (kWeight) y = y * (static_cast<A>(w.val[e]) + offset);
+      if constexpr (kBias) y = y + static_cast<A>(b.val[e]);
+      out.val[e] = static_cast<T>(y);
+    }
+    return out;
+  }
+};
+
+// h = round_T(x + residual), add_rms_norm's residual_out.
+template <typename T, int kC>
+__device__ __forceinline__ AlignedVector<T, kC> add_rounded(const AlignedVector<T, kC>& a,
+                                                            const AlignedVector<T, kC>& b) {
+  using A = opmath_t<T>;
+  AlignedVector<T, kC> out;
+#pragma unroll
+  for (int e = 0; e < kC; ++e) out.val[e] = static_cast<T>(static_cast<A>(a.val[e]) + static_cast<A>(b.val[e]));
+  return out;
+}
+
+// ----------------------------------------------------------------------------------------- staged rows
+// Rows staged through shared memory (the backward's staged kernel): while a block works on one row, each
+// thread's copies of its chunks of the next rows are in flight (cp.async) into a ring of kStages row buffers. A
+// thread reads back only the chunks it copied itself, so the ring needs no barrier. A buffer holds the same row
+// of kTensors tensors, kUnits chunks a thread (chunk tid + k * threads), laid out [stage][tensor][unit][thread]:
+// a warp's 16-byte accesses are consecutive. Every fetch commits one copy group (empty past the block's rows),
+// so wait() (at most kStages - 1 groups in flight) always means "the oldest fetched row is here".
 template <typename T, int kC, int kTensors, int kUnits, int kStages>
 struct RowRing {
   using Chunk = AlignedVector<T, kC>;
@@ -108,181 +253,41 @@ struct RowRing {
   Chunk* mine_;
 };
 
-// The sum of a row split over the CTAs of a cluster, from each CTA's block sum `v` (the same bits in all of
-// its threads): published in slots[parity], then added in rank order after a cluster barrier, so every
-// thread of the cluster gets the same bits. Every thread of the cluster must call it. Consecutive rows
-// alternate `parity`, so one barrier a row is enough: a CTA writes a slot again two rows later, past the
-// barrier of the row between, which no peer passes before its reads of the slot are done. (A CTA must not
-// exit while a peer may still read its slots: one more cluster_barrier() after the last row.)
-template <typename S>
-__device__ __forceinline__ S cluster_row_sum(S v, S (&slots)[2], int parity, int cluster) {
-  if (threadIdx.x == 0) slots[parity] = v;
-  cluster_barrier();
-  S total = 0;
-  for (int q = 0; q < cluster; ++q) total += *cluster_peer(&slots[parity], q);
-  return total;
-}
+// ------------------------------------------------------------------------------------ column partials
+constexpr int kReduceRows = 16;  // column reduction: partial rows summed in parallel per column
 
-// Hides a kept chunk's value from the optimizer between the sweeps: otherwise it keeps sweep 1's f32
-// conversions of 16-bit values live until sweep 2 (twice the registers of the packed values) and spills.
-template <typename T, int kC>
-__device__ __forceinline__ void keep_packed(AlignedVector<T, kC>& v) {
-  if constexpr (sizeof(v) % 4 == 0 && !std::is_same_v<T, double>) {
-    auto* words = reinterpret_cast<unsigned int*>(&v);
-#pragma unroll
-    for (int i = 0; i < static_cast<int>(sizeof(v) / 4); ++i) asm volatile("" : "+r"(words[i]));
-  }
-}
-
-// The static shared memory of a block-row kernel: row_sum's scratch, one RowSum<T> per warp.
-template <typename T>
-constexpr size_t kRowSumScratchBytes = kWarpSize * sizeof(RowSum<T>);
-
-// The dynamic shared memory a block-row kernel may opt in to on `device`, next to row_sum's scratch.
-template <typename T>
-size_t row_kernel_smem_limit(int device) {
-  return static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) -
-         kRowSumScratchBytes<T>;
-}
-
-// Sum over the threads of one row processor. Block mode: every thread of the block must call it (it syncs);
-// `scratch` holds one value per warp.
-template <bool kBlockPerRow, typename S>
-__device__ __forceinline__ S row_sum(S v, S* scratch) {
-  v = warp_sum(v);
-  if constexpr (kBlockPerRow) {
-    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < static_cast<int>(blockDim.x / kWarpSize) ? scratch[lane] : S(0);
-    v = warp_sum(v);
-    __syncthreads();  // scratch is reused by the next row
-  }
-  return v;
-}
-
-// row_sum for a block that walks rows, with one barrier a row instead of two: consecutive rows alternate
-// halves of `scratch` (parity: the row count's), so a warp writes a half again two rows on, past the
-// barrier of the row between, which no warp passes before its reads of the half are done (as in
-// cluster_row_sum). Every thread of the block must call it, once a row; the same bits as row_sum<true>.
-// group_row_sum: the same for a block that takes several rows at once, each on `group_warps` whole warps (row
-// `group` of the block on warps [group * group_warps, (group + 1) * group_warps)); each thread gets its row's sum.
-template <typename S>
-__device__ __forceinline__ S group_row_sum(S v, S (&scratch)[2][kWarpSize], int parity, int group, int group_warps) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  if (lane == 0) scratch[parity][warp] = v;
-  __syncthreads();
-  v = lane < group_warps ? scratch[parity][group * group_warps + lane] : S(0);
-  return warp_sum(v);
-}
-
-template <typename S>
-__device__ __forceinline__ S block_row_sum(S v, S (&scratch)[2][kWarpSize], int parity) {
-  return group_row_sum(v, scratch, parity, 0, static_cast<int>(blockDim.x / kWarpSize));
-}
-
-// dst[col] = sum over p of partial[p, col], in a fixed order: thread (x, y) sums p = y, y + kReduceRows, ...
-// in order, then row y == 0 adds the kReduceRows sums in order of y.
-template <typename A, typename W>
+// dst[col] = sum over p of partial[p, col], in a fixed order: thread (x, y) sums p = y, y + kReduceRows, ... in
+// order, then row y == 0 adds the kReduceRows sums in order of y.
+template <typename S, typename W>
 __global__ void __launch_bounds__(kWarpSize * kReduceRows)
-    norm_column_reduce_kernel(const A* __restrict__ partial, int64_t parts, int64_t n, W* __restrict__ dst) {
-  __shared__ A sums[kReduceRows][kWarpSize + 1];
+    norm_column_reduce_kernel(const S* __restrict__ partial, int64_t parts, int64_t n, W* __restrict__ dst) {
+  __shared__ S sums[kReduceRows][kWarpSize + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpSize + threadIdx.x;
-  A v = 0;
+  S v = 0;
   if (col < n) {
     for (int64_t p = threadIdx.y; p < parts; p += kReduceRows) v += partial[p * n + col];
   }
   sums[threadIdx.y][threadIdx.x] = v;
   __syncthreads();
   if (threadIdx.y == 0 && col < n) {
-    A total = sums[0][threadIdx.x];
+    S total = sums[0][threadIdx.x];
 #pragma unroll
     for (int k = 1; k < kReduceRows; ++k) total += sums[k][threadIdx.x];
     dst[col] = static_cast<W>(total);
   }
 }
 
-template <typename A, typename W>
-void launch_column_reduce(const A* partial, int64_t parts, int64_t n, W* dst, cudaStream_t stream) {
-  norm_column_reduce_kernel<A, W>
+template <typename S, typename W>
+void launch_column_reduce(const S* partial, int64_t parts, int64_t n, W* dst, cudaStream_t stream) {
+  norm_column_reduce_kernel<S, W>
       <<<blocks_to_cover(n, kWarpSize), dim3(kWarpSize, kReduceRows), 0, stream>>>(partial, parts, n, dst);
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
-// Chunks of kC elements a thread keeps in registers per 16-byte unit of its share: one vector, or half a
-// vector's worth of single elements (element-wise, each value takes a whole register; ptxas spilled
-// with a full vector's worth).
-template <typename T, int kC>
-constexpr int chunks_per_unit() {
-  return kC == 1 ? (vector_size<T>() / 2 > 1 ? vector_size<T>() / 2 : 1) : 1;
-}
-
-enum class RowShape { kWarp, kBlock, kLongBlock };
-
-// `threads` rounded up to whole warps.
-inline int round_to_warps(int64_t threads) {
-  return static_cast<int>((threads + kWarpSize - 1) / kWarpSize * kWarpSize);
-}
-
-// The geometry of a launch. Row sizes are counted in 16-byte units of T.
-struct RowConfig {
-  RowShape shape;
-  int units;    // warp mode: 16-byte units per lane kept (1, 4 or kWarpMaxUnits)
-  int threads;  // per block
-  int rows_per_block() const { return shape == RowShape::kWarp ? threads / kWarpSize : 1; }
-};
-
-// kC: the chunk width. Element-wise chunks (misaligned rows, rare) take two shapes only, the warp with
-// kWarpMaxUnits and the long block: each shape is one more kernel per dtype pair to compile.
-template <typename T, typename Shapes, int kC>
-RowConfig row_config(int64_t n) {
-  constexpr int kUnit = vector_size<T>();
-  const int64_t n_units = (n + kUnit - 1) / kUnit;
-  if (n_units <= int64_t{kWarpSize} * kWarpMaxUnits) {
-    int units = n_units <= kWarpSize ? 1 : n_units <= 4 * kWarpSize ? 4 : kWarpMaxUnits;
-    if (kC == 1) units = kWarpMaxUnits;
-    return {RowShape::kWarp, units, kWarpBlockThreads};
-  }
-  if (kC > 1 && n_units <= int64_t{Shapes::kThreads} * Shapes::kUnits) {
-    const int64_t threads = (n_units + Shapes::kUnits - 1) / Shapes::kUnits;
-    return {RowShape::kBlock, Shapes::kUnits, std::max(kMinRowThreads, round_to_warps(threads))};
-  }
-  const int64_t threads = (n_units + Shapes::kLongUnits - 1) / Shapes::kLongUnits;
-  return {RowShape::kLongBlock, Shapes::kLongUnits, round_to_warps(std::min<int64_t>(Shapes::kLongThreads, threads))};
-}
-
-// Calls fn(std::integral_constant<int, kSlots>, std::bool_constant<kBlockPerRow>,
-// std::integral_constant<int, kMaxThreads>, std::integral_constant<int, kMinBlocks>) for the config: kSlots
-// chunks of kC kept per thread, launch bounds (kMaxThreads, kMinBlocks).
-template <typename T, int kC, typename Shapes, typename Fn>
-void with_row_shape(const RowConfig& cfg, Fn&& fn) {
-  constexpr int kPerUnit = chunks_per_unit<T, kC>();
-  using Warp = std::integral_constant<int, kWarpBlockThreads>;
-  using One = std::integral_constant<int, 1>;
-  using Long = std::integral_constant<int, Shapes::kLongThreads>;
-  if (cfg.shape == RowShape::kLongBlock) {
-    return fn(std::integral_constant<int, Shapes::kLongUnits * kPerUnit>{}, std::true_type{}, Long{}, One{});
-  }
-  if constexpr (kC == 1) {  // row_config picks the warp with the most units, or the long block
-    return fn(std::integral_constant<int, kWarpMaxUnits * kPerUnit>{}, std::false_type{}, Warp{}, One{});
-  } else {
-    if (cfg.shape == RowShape::kBlock) {
-      return fn(std::integral_constant<int, Shapes::kUnits * kPerUnit>{}, std::true_type{},
-                std::integral_constant<int, Shapes::kThreads>{}, std::integral_constant<int, Shapes::kMinBlocks>{});
-    }
-    switch (cfg.units) {
-      case 1: return fn(std::integral_constant<int, 1 * kPerUnit>{}, std::false_type{}, Warp{}, One{});
-      case 4: return fn(std::integral_constant<int, 4 * kPerUnit>{}, std::false_type{}, Warp{}, One{});
-      default: return fn(std::integral_constant<int, kWarpMaxUnits * kPerUnit>{}, std::false_type{}, Warp{}, One{});
-    }
-  }
-}
-
-// A kernel's residency (blocks per SM, or clusters per device) for (device, block size, dynamic shared
-// memory, cluster size), asked of the driver once per key: the occupancy query took host time on every
-// call. Direct-mapped, lock-free: each slot packs key and value into one word, so a reader sees either a
-// whole entry or a miss.
+// ------------------------------------------------------------------------------------------ launching
+// A kernel's residency (blocks per SM, or clusters per device) for (device, block size, dynamic shared memory,
+// cluster size), asked of the driver once per key: the occupancy query took host time on every call.
+// Direct-mapped, lock-free: each slot packs key and value into one word, so a reader sees a whole entry or a miss.
 class OccupancyCache {
  public:
   template <typename Query>
@@ -305,96 +310,29 @@ class OccupancyCache {
   std::atomic<uint64_t> slots_[kSlots] = {};
 };
 
-// A grid as large as fits on the device at once, each group (a block, or a cluster of `cluster` blocks)
-// looping over its own contiguous chunk of rows: as few dweight partial rows as possible in the backward,
-// and no launch per row. Fixed for a device and shape: deterministic. rows_at_once: the rows a group takes
-// at a time (a warp each, or the whole block's or cluster's one). No groups when no cluster of the blocks
-// fits the device at all.
-struct RowGroups {
-  int64_t groups;
-  int64_t rows_per_group;
-};
-
+// Resident blocks an SM of `kernel` (threads, dynamic smem), or resident clusters of the device, cached.
 template <typename... Params>
-RowGroups resident_grid(void (*kernel)(Params...), OccupancyCache& occupancy, int device, int threads, size_t smem,
-                        int64_t rows, int rows_at_once, int cluster = 1) {
-  int64_t max_groups = 0;
-  if (cluster == 1) {
-    const int per_sm =
-        occupancy.get(device, threads, smem, [&] { return resident_blocks_per_sm(kernel, threads, smem); });
-    max_groups = static_cast<int64_t>(device_attribute(cudaDevAttrMultiProcessorCount, device)) * per_sm;
-  } else {
-    max_groups = occupancy.get(
-        device, threads, smem, [&] { return resident_clusters(kernel, threads, smem, cluster); }, cluster);
+int cached_residency(void (*kernel)(Params...), int device, int threads, size_t smem, int cluster = 1) {
+  static OccupancyCache cache;  // one per kernel instance
+  if (cluster > 1) {
+    return cache.get(device, threads, smem, [&] { return resident_clusters(kernel, threads, smem, cluster); },
+                     cluster);
   }
-  if (max_groups < 1) return {0, 0};
-  const int64_t wanted = (rows + rows_at_once - 1) / rows_at_once;
-  const int64_t groups = std::max<int64_t>(1, std::min(max_groups, wanted));
-  const int64_t rows_per_group = (rows + groups - 1) / groups;
-  return {(rows + rows_per_group - 1) / rows_per_group, rows_per_group};
+  return cache.get(device, threads, smem, [&] { return resident_blocks_per_sm(kernel, threads, smem); });
 }
 
-// Staged rows (the backward's staged kernel; history/tuning/rms_norm_kernels.py): each block, or each cluster
-// of blocks sharing a row, walks its chunk of rows with the next row's tensors copied into a RowRing of
-// kStagedStages buffers while it works on one, kStagedUnits 16-byte chunks a thread on up to kStagedThreads
-// threads. A row of up to kStagedUnits x kStagedThreads chunks takes one block (backward, bf16 8192x16384:
-// 289 us against 312 split in two); a longer one (sm_90+) a cluster of the fewest blocks of at most
-// kStagedPartElements elements each, up to kMaxClusterBlocks (bf16 2048x65536: 342 us against 374 with
-// 16384-element parts; f32 4096x32768: 524 against 584 with 4096-element parts).
-// Rows of up to kStagedShortChunks chunks take blocks of two chunks a thread (32 to 128 threads): more
-// warps on the SM for the same rows. Against four a thread (64-thread blocks), backward alone, us:
-// add_rms_norm f32 65536x1024 278.4 / 282.1, bf16 4096x2048 30.0 / 32.3, rms_norm f32 65536x1024 214.1 /
-// 217.8; rows of 64 chunks on 32 threads against 64 (one chunk each): add_rms_norm bf16 131072x512 154.4 /
-// 190.3, f32 262144x256 287.6 / 314.6.
-constexpr int kStagedUnits = 4, kStagedThreads = 512, kStagedStages = 2;
-constexpr int kStagedPartElements = 8192;
-constexpr int kStagedShortChunks = 256;
+// The static shared memory of the block-reduction kernels: warps_sum's scratch and cluster_sum's slots.
+template <typename T, int kStats>
+constexpr size_t kReduceScratchBytes = (2 * kWarpSize + 2) * kStats * sizeof(RowSum<T>);
 
-struct StagedSplit {
-  int cluster;      // 0: the row does not fit a cluster (or the device has none)
-  int part_chunks;  // each block's chunks of a row: block q of a cluster takes [q, q + 1) * part_chunks
-  int threads;
-};
-
-template <typename T>
-StagedSplit staged_split(int64_t n_chunks, int device) {
-  constexpr int64_t kOneBlock = int64_t{kStagedUnits} * kStagedThreads;
-  constexpr int64_t kPartChunks = kStagedPartElements / vector_size<T>();
-  const int64_t cluster = n_chunks <= kOneBlock ? 1 : (n_chunks + kPartChunks - 1) / kPartChunks;
-  if (cluster > 1 && (cluster > kMaxClusterBlocks || device_attribute(cudaDevAttrComputeCapabilityMajor, device) < 9)) {
-    return {0, 0, 0};
-  }
-  const int part_chunks = static_cast<int>((n_chunks + cluster - 1) / cluster);
-  const int per_thread = part_chunks <= kStagedShortChunks ? 2 : kStagedUnits;
-  return {static_cast<int>(cluster), part_chunks, round_to_warps((part_chunks + per_thread - 1) / per_thread)};
+// The dynamic shared memory a kernel may opt in to on `device`, next to `static_bytes`.
+inline size_t smem_limit(int device, size_t static_bytes) {
+  return static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) - static_bytes;
 }
 
-// Where a staged block sits: its chunks [first, first + n_chunks) of every row (columns from col), and its
-// group's rows [begin, end).
-struct StagedPlace {
-  int cluster, first, n_chunks;
-  int64_t col, group, begin, end;
-};
-
-template <bool kCluster, int kC>
-__device__ __forceinline__ StagedPlace staged_place(int n, int part_chunks, int64_t rows, int64_t rows_per_group) {
-  StagedPlace p;
-  p.cluster = kCluster ? static_cast<int>(cluster_blocks()) : 1;
-  p.first = kCluster ? static_cast<int>(cluster_rank()) * part_chunks : 0;
-  p.n_chunks = min(part_chunks, n / kC - p.first);
-  p.col = static_cast<int64_t>(p.first) * kC;
-  p.group = blockIdx.x / p.cluster;
-  p.begin = p.group * rows_per_group;
-  p.end = p.begin + rows_per_group < rows ? p.begin + rows_per_group : rows;
-  return p;
-}
-
-// Launches a staged kernel: in clusters when split.cluster > 1.
-template <typename... Params, typename... Args>
-void launch_staged(void (*kernel)(Params...), const StagedSplit& split, int64_t groups, size_t smem,
-                   cudaStream_t stream, Args&&... args) {
-  launch_in_clusters(kernel, static_cast<unsigned int>(groups * split.cluster), split.threads, smem, split.cluster,
-                     stream, std::forward<Args>(args)...);
+// `threads` rounded up to whole warps.
+inline int round_to_warps(int64_t threads) {
+  return static_cast<int>((threads + kWarpSize - 1) / kWarpSize * kWarpSize);
 }
 
 // Every row start of a T tensor with this row stride (and base) 16-byte aligned for n-element rows.
@@ -404,10 +342,10 @@ bool rows_aligned(const T* base, int64_t row_stride, int64_t n) {
   return n % kUnit == 0 && row_stride % kUnit == 0 && is_aligned(base);
 }
 
-// The weight aligned for its own kUnit-wide (T's vector width) loads.
+// A weight (or bias) aligned for its own kUnit-wide (T's vector width) loads; null is.
 template <typename T, typename W>
-bool weight_aligned(const W* weight) {
-  return weight == nullptr || is_aligned(weight, static_cast<int>(sizeof(W)) * vector_size<T>());
+bool param_aligned(const W* p) {
+  return p == nullptr || is_aligned(p, static_cast<int>(sizeof(W)) * vector_size<T>());
 }
 
 }  // namespace norm_cuda
