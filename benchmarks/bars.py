@@ -5,14 +5,17 @@ A bar is a floor on one metric of torchops' rows, per dtype:
     metric    "vs <impl>"     the other implementation's time / torchops' time on the same case, dtype and shape
                               (> 1: torchops is faster),
               "vs best peer"  the same against the fastest of ``peers`` at each shape (every peer must have run), or
-              "pct_copy"      torchops' bandwidth as a % of the device copy measured in the same run
+              "pct_copy"      torchops' speed as a % of a device copy of the same bytes in the row's dtype, timed in
+                              the same run (``Result.pct_copy``), judged only where the input (a tensor of the
+                              row's shape label, "MxN" or "2^k", in its dtype) is of COPY_BAR_MIN_INPUT_BYTES or
+                              more; smaller inputs are bound by launches, and only the peers judge them
     reduce    "min"           every selected row must reach the floor (the worst one is reported); ``tolerate``
                               (floor, count) lets up to count rows fall short of it if they reach that floor, or
               "geomean"       the geometric mean of the selected rows must
     select    cases (each must have rows), dtypes (each must have rows), shapes (empty: all measured; given:
-              each must have been measured), min_nbytes (only rows moving at least this many bytes: "at large
-              sizes" means past the caches), and, from an "MxN" shape label: n_range (the last dimension within
-              [lo, hi]) and min_input_bytes (the shape's elements x the dtype's size at least this)
+              each must have been measured, unless the metric's own rule leaves it out), min_nbytes (only rows
+              moving at least this many bytes: "at large sizes" means past the caches), and n_range (from an
+              "MxN" shape label: the last dimension within [lo, hi])
 
 A bar whose rows are missing (a case, dtype, shape or peer that did not run) fails as "no data", never passes.
 GPU bars are for the H200 class of GPU the project targets; a CPU run checks only the CPU bars.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 MiB = 1 << 20
 LARGE = 256 * MiB  # past the 50 MB L2 of an H200 by 5x: only there is bandwidth a memory-wall figure
+COPY_BAR_MIN_INPUT_BYTES = LARGE  # the inputs a "% of copy" bar judges
 
 
 @dataclass(frozen=True)
@@ -43,23 +47,19 @@ class Bar:
     peers: tuple[str, ...] = ()  # for metric "vs best peer"
     tolerate: tuple[float, int] | None = None  # (floor, count), reduce "min" only
     n_range: tuple[int, int] | None = None
-    min_input_bytes: int = 0
 
     def selects(self, shape: str, itemsize: int) -> bool:
-        """Whether a shape (an "MxN"-style label) of a dtype this large falls under the bar's shape filters."""
-        if self.n_range is None and not self.min_input_bytes:
-            return True
+        """Whether a shape label of a dtype this large falls under the bar: its metric's rule (pct_copy: inputs of
+        COPY_BAR_MIN_INPUT_BYTES or more) and its n_range. A label they cannot read is never counted."""
         dims = shape_dims(shape)
-        if dims is None:  # a label the filters cannot read: never silently counted
+        if self.metric == "pct_copy" and (dims is None or math.prod(dims) * itemsize < COPY_BAR_MIN_INPUT_BYTES):
             return False
-        if self.n_range is not None and not self.n_range[0] <= dims[-1] <= self.n_range[1]:
-            return False
-        return math.prod(dims) * itemsize >= self.min_input_bytes
+        return self.n_range is None or (dims is not None and self.n_range[0] <= dims[-1] <= self.n_range[1])
 
     @property
     def label(self) -> str:
         unit = "%" if self.metric == "pct_copy" else "x"
-        what = "of copy" if self.metric == "pct_copy" else self.metric
+        what = "of a same-bytes copy" if self.metric == "pct_copy" else self.metric
         if self.metric == "vs best peer":
             what = f"vs best of {', '.join(self.peers)}"
         scope = "geomean" if self.reduce == "geomean" else "every case"
@@ -68,8 +68,8 @@ class Bar:
         if self.n_range is not None:
             low = f"{self.n_range[0]} <= " if self.n_range[0] > 1 else ""
             where += f", {low}N <= {self.n_range[1]}"
-        if self.min_input_bytes:
-            where += f", inputs >= {self.min_input_bytes // MiB} MiB"
+        if self.metric == "pct_copy":
+            where += f", inputs >= {COPY_BAR_MIN_INPUT_BYTES // MiB} MiB"
         if self.min_nbytes:
             where += f", moving >= {self.min_nbytes // MiB} MiB"
         impl = "" if self.impl == "torchops" else f"{self.impl} "
@@ -80,14 +80,15 @@ class Bar:
 
 
 def shape_dims(shape: str) -> tuple[int, ...] | None:
-    """(M, N) of an "MxN" label (any number of dimensions); None for other labels ("2^28", "N=64")."""
+    """(M, N) of an "MxN" label (any number of dimensions), (2^k,) of a "2^k" one; None for others ("N=64")."""
     try:
+        if shape.startswith("2^"):
+            return (1 << int(shape[2:]),)
         return tuple(int(d) for d in shape.lower().split("x"))
     except ValueError:
         return None
 
-
-# rms_norm's LLM grid (M rows of N) on the GPU, and the peers it is judged against; bench_rms_norm measures it.
+# The norms' LLM grid (M rows of N) on the GPU, and the peers they are judged against; bench_norm measures it.
 NORM_GRID: tuple[tuple[int, int], ...] = ((4096, 2048), (65536, 1024), (32768, 4096), (16384, 8192), (8192, 16384),
                                           (4096, 32768), (2048, 65536))
 NORM_SHAPES = tuple(f"{m}x{n}" for m, n in NORM_GRID)
@@ -100,8 +101,7 @@ BARS: list[Bar] = [
     # vector_add
     Bar("vector_add", "cuda", "vs torch.add", 0.99, ("contiguous",), ("f32", "bf16", "f16"), _ELEMENTWISE_WALL,
         min_nbytes=LARGE),
-    Bar("vector_add", "cuda", "pct_copy", 93.0, ("contiguous",), ("f32", "bf16", "f16"), _ELEMENTWISE_WALL,
-        min_nbytes=LARGE),
+    Bar("vector_add", "cuda", "pct_copy", 93.0, ("contiguous",), ("f32", "bf16", "f16"), _ELEMENTWISE_WALL),
     Bar("vector_add", "cuda", "vs torch.add", 1.0, ("host-cost fwd",), ("f32",),
         "a small call must cost no more host time than torch.add's, or small-batch models get slower"),
     Bar("vector_add", "cpu", "vs torch.add", 1.0, ("contiguous", "transposed", "sliced"), ("f32", "bf16", "f16"),
@@ -150,7 +150,7 @@ BARS: list[Bar] = [
     Bar("csr_spmm", "cpu", "vs torch.sparse.mm", 1.0, ("arxiv-like/8 fwd", "uniform/8 fwd"), ("f32",), _CPU_EAGER,
         reduce="geomean"),
     # rms_norm and add_rms_norm: cases "fwd" and "fwd+bwd" (one autograd.grad of one forward's graph) over the
-    # LLM grid below, weight of the input's dtype; peers: eager, torch.compile (static, per shape) and Liger-Kernel
+    # norm grid, weight of the input's dtype; peers: eager, torch.compile (static, per shape) and Liger-Kernel
     Bar("rms_norm", "cuda", "vs best peer", 1.0, ("fwd",), ("bf16", "f32"),
         "Inductor and Liger reach 92-98% of copy on this forward: the op must be the one a user would pick; "
         "two shapes may sit within 2% for noise", shapes=NORM_SHAPES, peers=NORM_PEERS, tolerate=(0.98, 2)),
@@ -162,8 +162,7 @@ BARS: list[Bar] = [
         shapes=NORM_SHAPES, peers=NORM_PEERS),
     Bar("rms_norm", "cuda", "pct_copy", 85.0, ("fwd+bwd",), ("bf16", "f32"),
         "past the caches and at LLM widths fwd+bwd is bandwidth-bound; small inputs are bound by launches and "
-        "autograd, where the bar is the peers alone", shapes=NORM_SHAPES, n_range=(1024, 16384),
-        min_input_bytes=LARGE),
+        "autograd, where the bar is the peers alone", shapes=NORM_SHAPES, n_range=(1024, 16384)),
     Bar("add_rms_norm", "cuda", "vs torch.compile", 1.0, ("fwd", "fwd+bwd"), ("bf16", "f32"),
         "Inductor fuses x + r into the norm too: the hand-fused op must be at least as fast",
         shapes=NORM_SHAPES),
@@ -171,8 +170,16 @@ BARS: list[Bar] = [
         "Liger's fused add + RMSNorm is what LLM trainers use today", shapes=NORM_SHAPES),
     Bar("add_rms_norm", "cuda", "pct_copy", 90.0, ("fwd",), ("bf16", "f32"),
         "one pass reads x and r once and writes both outputs: it sits at the memory wall", shapes=NORM_SHAPES),
+    # layer_norm: the same grid and cases, with weight and bias; peers: F.layer_norm, torch.compile of it, and
+    # Liger-Kernel's LigerLayerNormFunction
+    Bar("layer_norm", "cuda", "vs best peer", 0.98, ("fwd", "fwd+bwd"), ("bf16", "f32"),
+        "LayerNorm is a configuration of the rms_norm engine: it must be the one a user would pick, within noise",
+        shapes=NORM_SHAPES, peers=NORM_PEERS),
+    Bar("layer_norm", "cuda", "pct_copy", 90.0, ("fwd",), ("bf16", "f32"),
+        "the forward reads x once and writes y once: it sits at the memory wall", shapes=NORM_SHAPES),
     Bar("rms_norm", "cpu", "vs eager", 1.0, ("fwd", "fwd+bwd"), ("bf16", "f32"), _CPU_EAGER),
     Bar("add_rms_norm", "cpu", "vs eager", 1.0, ("fwd", "fwd+bwd"), ("bf16", "f32"), _CPU_EAGER),
+    Bar("layer_norm", "cpu", "vs eager", 1.0, ("fwd", "fwd+bwd"), ("bf16", "f32"), _CPU_EAGER),
 ]
 
 

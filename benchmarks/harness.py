@@ -2,11 +2,14 @@
 
 A ``bench_<op>.py`` declares only what it measures (a ``Bench``: its options, its cases, the size of its
 largest operand) and calls ``main(BENCH)``; its bars live in ``benchmarks/bars.py``. ``main`` parses the
-shared options, measures the device copy, runs the cases, writes JSON (+ a PNG plot when matplotlib
-imports) and a Markdown table, then checks the op's bars for that device and exits non-zero on a missed bar,
-a bar without data or a wrong result. Timing follows one rule for every op: GPU kernels with
-``triton.testing.do_bench`` (median) or CUDA events, CPU code with ``torch.utils.benchmark.Timer``;
-bandwidth is reported against a device-to-device copy measured in the same run; CPU figures are ratios.
+shared options, measures a large device copy (the plots' roofline), runs the cases, gives every row that moves
+bytes its copy of the same bytes, writes JSON (+ a PNG plot when matplotlib imports) and a Markdown table, then
+checks the bars of the bench's ops for that device and exits non-zero on a missed bar, a bar without data or a
+wrong result. Timing follows one rule for every op: GPU kernels with ``triton.testing.do_bench`` (median) or
+CUDA events, CPU code with ``torch.utils.benchmark.Timer``. "% of copy" (``Result.pct_copy``) is always
+against a device copy of the same bytes in the row's dtype, timed in the same run (``same_bytes_copy``): beside
+the case when the bench times it so (``time_beside_copy``), else by ``main`` after the cases. CPU figures are
+ratios.
 
     python -m benchmarks.harness results/vector_add_cuda.json ...   # re-print table + bars, re-draw plot
 """
@@ -24,6 +27,7 @@ import shlex
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -174,7 +178,7 @@ def time_all_ms(fns: dict[str, Callable[[], Any]], device: str, *, quick: bool =
     Before timing, the functions run in turns for a warm-up time rather than a call count: on a VM with free
     page reporting, such as this project's, the first calls after a pause re-fault memory the hypervisor
     took back while it lay free, and ran 3-4x slower than a loop's steady state for ~0.4 s, long enough to
-    fill a whole measurement (benchmarks/history/log.md, "swiglu — CPU").
+    fill a whole measurement (docs/design-decisions.md, "CPU timer").
     """
     if device == "cuda":
         rounds: dict[str, list[float]] = {name: [] for name in fns}
@@ -253,13 +257,50 @@ def host_cost_us(
 
 
 def copy_bandwidth(device: str, nbytes: int, *, quick: bool = False) -> float:
-    """Bytes/s of ``dst.copy_(src)`` on ``device`` for an ``nbytes`` buffer, counting bytes read + written."""
+    """Bytes/s of ``dst.copy_(src)`` on ``device`` for an ``nbytes`` buffer, counting bytes read + written: the
+    large copy drawn as the plots' roofline (rows are judged against ``same_bytes_copy`` instead)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 256)
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), device, quick=quick)
     del src, dst
     free_memory(device)
     return 2 * nbytes / (ms * 1e-3)
+
+
+SAME_BYTES_COPY = "copy of the same bytes"  # its name among the functions timed beside a case
+
+
+def same_bytes_copy(nbytes: int, dtype: torch.dtype, device: str) -> Callable[[], Any]:
+    """``dst.copy_(src)`` of ``dtype`` tensors moving ``nbytes`` (half read, half written) on ``device``: what a
+    row moving ``nbytes`` in ``dtype`` is compared against (``Result.pct_copy``). Its tensors live as long as the
+    returned function."""
+    src = rand((max(1, nbytes // 2 // dtype.itemsize),), dtype, device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def time_beside_copy(fns: dict[str, Callable[[], Any]], nbytes: int, dtype: torch.dtype, device: str, *,
+                     quick: bool = False) -> tuple[dict[str, float], float]:
+    """``time_all_ms`` of ``fns`` with a copy of the same bytes (``same_bytes_copy``) in their rounds:
+    (each function's ms, the copy's ms)."""
+    times = time_all_ms({**fns, SAME_BYTES_COPY: same_bytes_copy(nbytes, dtype, device)}, device, quick=quick)
+    copy_ms = times.pop(SAME_BYTES_COPY)
+    free_memory(device)
+    return times, copy_ms
+
+
+def fill_same_bytes_copies(results: Sequence[Result], device: str, *, quick: bool = False) -> None:
+    """Give every row that moves bytes in a known dtype and has no copy of the same bytes yet its own, timed now
+    (one copy per dtype and byte count), and its ``pct_copy`` from it."""
+    copies: dict[tuple[str, int], float] = {}
+    for r in results:
+        if r.copy_ms is not None or not r.nbytes or not r.ms or r.dtype not in DTYPES:
+            continue
+        key = (r.dtype, r.nbytes)
+        if key not in copies:
+            copies[key] = time_ms(same_bytes_copy(r.nbytes, DTYPES[r.dtype], device), device, quick=quick)
+            free_memory(device)
+        r.copy_ms, r.pct_copy = copies[key], pct_of_copy(copies[key], r.ms)
 
 
 def free_memory(device: str) -> None:
@@ -292,9 +333,9 @@ def tbps(nbytes: int, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e12
 
 
-def pct_of(bandwidth: float, reference: float) -> float:
-    """``bandwidth`` as a percentage of ``reference`` (same units)."""
-    return 100.0 * bandwidth / reference
+def pct_of_copy(copy_ms: float, ms: float) -> float:
+    """A row's speed as a % of a copy of the same bytes that took ``copy_ms`` (``Result.pct_copy``)."""
+    return 100.0 * copy_ms / ms
 
 
 def speedup(baseline_ms: float, ms: float) -> float:
@@ -324,7 +365,8 @@ class Result:
     ms: float  # median time per call in milliseconds
     nbytes: int | None = None  # bytes that must move (each input read once + each output written once)
     tbps: float | None = None
-    pct_copy: float | None = None  # % of the copy bandwidth measured in the same run
+    copy_ms: float | None = None  # a device copy of the same nbytes in this row's dtype, timed in the same run
+    pct_copy: float | None = None  # 100 * copy_ms / ms: this row's speed as a % of that copy's
     speedup: float | None = None
     baseline: str | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -332,13 +374,17 @@ class Result:
 
 def bandwidth_result(
     *, op: str, case: str, dtype: torch.dtype, shape: str, numel: int, impl: str, device: str, ms: float,
-    nbytes: int, copy_bps: float, baseline: str | None = None, baseline_ms: float | None = None,
+    nbytes: int, copy_ms: float | None = None, baseline: str | None = None, baseline_ms: float | None = None,
+    copy_bps: float | None = None,
 ) -> Result:
-    """A Result with TB/s, % of copy and speedup filled in from a byte count and a time."""
-    bw = tbps(nbytes, ms)
+    """A Result with TB/s, speedup and, given the time of a copy of the same bytes (``time_beside_copy``), % of
+    copy filled in from a byte count and a time; without ``copy_ms``, ``main`` times that copy after the cases.
+    ``copy_bps`` (the large copy's bandwidth) is not used: accepted until the benches that still pass it stop."""
+    del copy_bps
     return Result(
         op=op, case=case, dtype=DTYPE_NAMES.get(dtype, str(dtype)), shape=shape, numel=numel, impl=impl,
-        device=device, ms=ms, nbytes=nbytes, tbps=bw, pct_copy=pct_of(bw * 1e12, copy_bps),
+        device=device, ms=ms, nbytes=nbytes, tbps=tbps(nbytes, ms), copy_ms=copy_ms,
+        pct_copy=None if copy_ms is None else pct_of_copy(copy_ms, ms),
         speedup=None if baseline_ms is None else speedup(baseline_ms, ms), baseline=baseline,
     )
 
@@ -537,10 +583,10 @@ class Verdict:
 
 
 def _bar_value(bar: Any, row: Result, index: dict[tuple, Result]) -> tuple[float | None, str]:
-    """The bar's metric on one of torchops' rows, and what it was measured against ("" for pct_copy); None and
-    the names of the absent peers when a peer did not run."""
+    """The bar's metric on one of torchops' rows, and what it was measured against; None and what did not run
+    (the absent peers, or the copy of the same bytes) when the metric has no value."""
     if bar.metric == "pct_copy":
-        return row.pct_copy, ""
+        return row.pct_copy, SAME_BYTES_COPY
     peers = bar.peers if bar.metric == "vs best peer" else (bar.metric.removeprefix("vs "),)
     others = {p: index.get((row.op, row.case, row.dtype, row.shape, p)) for p in peers}
     absent = [p for p, r in others.items() if r is None]
@@ -568,7 +614,7 @@ def check_bars(results: Sequence[Result], op: str, device: str, bars: Sequence[A
             for case in bar.cases:
                 rows = [r for r in results if r.op == bar.op and r.case == case and r.dtype == dtype
                         and r.impl == bar.impl and (r.nbytes or 0) >= bar.min_nbytes
-                        and bar.selects(r.shape, itemsize)]
+                        and bar.selects(r.shape, itemsize)]  # with the metric's own size rule
                 found: dict[str, tuple[float, Result, str]] = {}
                 lacking: dict[str, str] = {}
                 for r in rows:
@@ -629,7 +675,8 @@ def format_bars(verdicts: Sequence[Verdict], note: str = "") -> str:
 
 @dataclasses.dataclass
 class Context:
-    """What a bench's cases get besides the parsed options: the copy reference and a place to report failures."""
+    """What a bench's cases get besides the parsed options: the large copy's bandwidth (the plots' roofline) and a
+    place to report failures."""
 
     device: str
     quick: bool
@@ -652,8 +699,10 @@ class Bench:
     check_arguments  (parser, args): validates/converts them (call parser.error on bad input)
     summarize        (results, args, ctx) -> one line for the log, after the table
     meta             (args) -> extra fields for the JSON
-    copy_reference   False: the op reports no bandwidth, so no copy is measured
-    more_ops         other ops whose rows the bench also measures; their bars are checked too
+    copy_reference   False: the op reports no bandwidth, so no large copy is measured
+    more_ops         other ops whose rows the bench also measures; their bars are checked too. Such a bench takes
+                     --ops (a subset of its ops, read from args.ops; the others' bars are then not checked)
+    name             the bench's name in file names and messages (default: op)
     """
 
     op: str
@@ -667,6 +716,11 @@ class Bench:
     meta: Callable[[argparse.Namespace], dict[str, Any]] | None = None
     copy_reference: bool = True
     more_ops: Sequence[str] = ()
+    name: str = ""
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return (self.op, *self.more_ops)
 
 
 def check_all_bars(results: Sequence[Result], ops: Sequence[str], device: str) -> list[Verdict]:
@@ -677,23 +731,37 @@ def check_all_bars(results: Sequence[Result], ops: Sequence[str], device: str) -
 def copy_result(device: str, nbytes: int, *, quick: bool = False) -> tuple[Result, float]:
     """The copy reference row (``dst.copy_(src)`` of ``nbytes``) and its bandwidth in bytes/s."""
     bps = copy_bandwidth(device, nbytes, quick=quick)
+    ms = 2 * nbytes / bps * 1e3
     row = Result(op="copy_", case="copy", dtype="u8", shape=f"{nbytes >> 20} MiB", numel=nbytes,
-                 impl="dst.copy_(src)", device=device, ms=2 * nbytes / bps * 1e3, nbytes=2 * nbytes,
-                 tbps=bps / 1e12, pct_copy=100.0)
+                 impl="dst.copy_(src)", device=device, ms=ms, nbytes=2 * nbytes, tbps=bps / 1e12, copy_ms=ms,
+                 pct_copy=100.0)
     return row, bps
 
 
 def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
-    """Parse, measure the copy, run the cases, write and print the results, check the bars.
+    """Parse, measure the large copy, run the cases, time the copies of the same bytes the cases did not time
+    beside them, write and print the results, check the bars.
 
-    Exit status: 0 when every bar of the op on this device is met (or bars were skipped on request and
-    nothing failed), 1 on a missed bar, a bar without data or a wrong result, 2 when torchops is not built.
+    Exit status: 0 when every bar of the bench's ops on this device is met (or bars were skipped on request and
+    nothing failed), 1 on a missed bar, a bar without data, a wrong result or an error while measuring (the rows
+    measured before it are kept), 2 when torchops is not built.
     """
+    name = bench.name or bench.op
     parser = make_parser(bench.description, bench.default_dtypes)
     parser.add_argument("--no-bars", action="store_true", help="measure only; do not check benchmarks/bars.py")
+    if bench.more_ops:
+        parser.add_argument("--ops", default=",".join(bench.ops),
+                            help="comma-separated subset of the ops to measure (default: %(default)s)")
     if bench.add_arguments is not None:
         bench.add_arguments(parser)
     args = parse_args(parser, argv)
+    if bench.more_ops:
+        args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+        if not args.ops or set(args.ops) - set(bench.ops):
+            parser.error(f"--ops: a comma-separated subset of {','.join(bench.ops)}")
+        args.ops = [o for o in bench.ops if o in args.ops]
+    else:
+        args.ops = [bench.op]
     if bench.check_arguments is not None:
         bench.check_arguments(parser, args)
     try:
@@ -704,7 +772,7 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
 
     ctx = Context(device=args.device, quick=args.quick)
     results: list[Result] = []
-    meta: dict[str, Any] = {"op": bench.op, "ops": [bench.op, *bench.more_ops], "quick": args.quick}
+    meta: dict[str, Any] = {"bench": name, "op": bench.op, "ops": args.ops, "quick": args.quick}
     if bench.copy_reference:
         # Far past the caches, and at least as large as the largest operand.
         floor = GPU_COPY_MIN_BYTES if args.device == "cuda" else CPU_COPY_MIN_BYTES
@@ -717,8 +785,13 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
             results.append(r)
     except AssertionError as e:  # a wrong result: keep what was measured, fail at the end
         ctx.fail(f"wrong result: {e}")
-    if not any(r.op == bench.op for r in results):
-        ctx.fail(f"no {bench.op} case ran")
+    except Exception as e:  # e.g. an op with no kernel for this device: keep what was measured, fail at the end
+        traceback.print_exc()
+        ctx.fail(f"{type(e).__name__}: {e}")
+    for op in args.ops:
+        if not any(r.op == op for r in results):
+            ctx.fail(f"no {op} case ran")
+    fill_same_bytes_copies(results, args.device, quick=args.quick)
 
     if args.quick:
         verdicts, note = [], "NOT CHECKED: --quick measures small sizes only, where the bars do not apply"
@@ -729,15 +802,15 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
     if bench.meta is not None:
         meta.update(bench.meta(args))
     summary = bench.summarize(results, args, ctx) if bench.summarize is not None else ""
-    emit(results, f"{bench.op}_{args.device}" + ("_quick" if args.quick else ""), out_dir=args.out_dir,
+    emit(results, f"{name}_{args.device}" + ("_quick" if args.quick else ""), out_dir=args.out_dir,
          summary=summary, meta=meta, bars=verdicts, bars_note=note)
-    return _verdict(bench.op, verdicts, ctx.failures)
+    return _verdict(name, verdicts, ctx.failures)
 
 
-def _verdict(op: str, verdicts: Sequence[Verdict], failures: Sequence[str]) -> int:
+def _verdict(name: str, verdicts: Sequence[Verdict], failures: Sequence[str]) -> int:
     problems = list(failures) + [f"{v.status}: {v.bar} ({v.dtype})" for v in verdicts if v.status != "ok"]
     if problems:
-        print(f"\n{op}: FAILED\n" + "\n".join(f"  {p}" for p in problems), flush=True)
+        print(f"\n{name}: FAILED\n" + "\n".join(f"  {p}" for p in problems), flush=True)
         return 1
     return 0
 
@@ -754,20 +827,21 @@ def _rerender(paths: Sequence[str]) -> int:
     for path in map(Path, paths):
         doc, results = load(path)
         env = doc["env"]
-        op = doc.get("meta", {}).get("op") or doc["name"].split("_cuda")[0].split("_cpu")[0]
+        meta = doc.get("meta", {})
+        op = meta.get("op") or doc["name"].split("_cuda")[0].split("_cpu")[0]
         print(f"\n## {doc['name']} — {env['device_name']}, torch {env['torch']}, {env['date']}\n")
         print(f"Command: `{env['command']}`\n")
         print(markdown_table(results, ratios_only=doc["ratios_only"]))
         if doc.get("summary"):
             print(f"\n{doc['summary']}")
-        quick = doc.get("meta", {}).get("quick", doc["name"].endswith("_quick"))
-        verdicts = [] if quick else check_all_bars(results, doc.get("meta", {}).get("ops") or [op], env["device"])
+        quick = meta.get("quick", doc["name"].endswith("_quick"))
+        verdicts = [] if quick else check_all_bars(results, meta.get("ops") or [op], env["device"])
         print("\n" + format_bars(verdicts, "NOT CHECKED: a --quick run" if quick else ""))
         title = f"{doc['name']} on {env['device_name']}"
         if _plot(results, path.with_suffix(".png"), ratios_only=doc["ratios_only"], title=title,
-                 copy_tbps=doc.get("meta", {}).get("copy_tbps")):
+                 copy_tbps=meta.get("copy_tbps")):
             print(f"wrote {path.with_suffix('.png')}", file=sys.stderr)
-        rc |= _verdict(op, verdicts, [])
+        rc |= _verdict(meta.get("bench") or op, verdicts, [])
     return rc
 
 
