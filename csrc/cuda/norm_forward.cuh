@@ -46,8 +46,9 @@ using ForwardKernel = void (*)(ForwardArgs<T, W>, int);
 // group is larger than a warp), kPer chunks a thread, the row read once into registers. Plain rows of 16-byte
 // vectors read the input with L2 "evict last" and store "evict first"; f32 rows of 4 vectors a thread (a block
 // a row) read "evict first" without L1 and keep the weight in L1 and L2; add_rms_norm's take no hints. The weight
-// is read before the row's sum up to 4 vectors a thread, after it at 8.
-template <typename T, typename W, int kC, NormOp kOp, bool kWeight, bool kBias, int kPer>
+// is read before the row's sum up to 4 vectors a thread, after it at 8. kGroup: the group size as a constant
+// (the plans' warp rows and 128-thread rows: constant offsets took 16 registers fewer), 0 for row_threads.
+template <typename T, typename W, int kC, NormOp kOp, bool kWeight, bool kBias, int kPer, int kGroup>
 __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(ForwardArgs<T, W> a, int row_threads) {
   constexpr bool kAdd = kOp == NormOp::kAddRms, kLayer = kOp == NormOp::kLayer;
   using M = RowMath<kLayer, T>;
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
   constexpr bool kBlockHints = kHints && sizeof(T) == 4 && kPer == 4;
   constexpr bool kWeightFirst = kPer <= 4;
   __shared__ S scratch[2][M::kStats][kWarpSize];
-  const int group_threads = row_threads;
+  const int group_threads = kGroup > 0 ? kGroup : row_threads;
   const int per_block = static_cast<int>(blockDim.x) / group_threads;
   const int sub = static_cast<int>(threadIdx.x) / group_threads, t = static_cast<int>(threadIdx.x) % group_threads;
   const int n_chunks = static_cast<int>(a.n / kC);
@@ -313,7 +314,6 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
           write_chunk(hr, c + k * threads, v[k], drop, false);
           write(c + k * threads, v[k], w[k], b[k]);
         }
-        return;
       } else {
 #pragma unroll
         for (int k = 0; k < kOut; ++k) {
@@ -321,9 +321,9 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
           if constexpr (kWeight) w[k] = read_param(w_part, c + k * threads);
           if constexpr (kBias) b[k] = read_param(b_part, c + k * threads);
         }
-      }
 #pragma unroll
-      for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k], b[k]);
+        for (int k = 0; k < kOut; ++k) write(c + k * threads, v[k], w[k], b[k]);
+      }
     };
     stream_sweep<kPer, kOut>(threads, n_chunks, sweep2_batch, [&](int c, int j) {
       const Chunk v = second_read(c, j);
@@ -342,14 +342,22 @@ ForwardKernel<T, W> forward_kernel_for(const ForwardPlan& p) {
   constexpr int kFixed = kStreamMaxThreads, kAgainFixed = kAddAgainThreads;
   if (p.form == ForwardForm::kRegisterRows) {
     if constexpr (kVec) {
+      const bool warp = p.row_threads == kWarpSize, block = p.row_threads == 4 * kWarpSize;
       switch (p.per) {
-        case 1: return norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 1>;
-        case 2: return norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 2>;
-        case 4: return norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 4>;
-        default: break;
+        case 1: return norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 1, 0>;
+        case 2:
+          return block ? norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 2, 4 * kWarpSize>
+                       : norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 2, 0>;
+        case 4:
+          return warp    ? norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 4, kWarpSize>
+                 : block ? norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 4, 4 * kWarpSize>
+                         : norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, 4, 0>;
+        default:
+          return warp ? norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, kMaxRegisterPer, kWarpSize>
+                      : norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, kMaxRegisterPer, 0>;
       }
     }
-    return norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, kMaxRegisterPer>;
+    return norm_register_rows_kernel<T, W, kC, kOp, kWeight, kBias, kMaxRegisterPer, 0>;
   }
   if constexpr (kVec && kOp == NormOp::kAddRms) {
     if (p.keep == Keep::kInputsAgain) {
