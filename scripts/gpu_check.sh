@@ -3,9 +3,10 @@
 # build from source with all cores, run the whole test suite (CUDA included), run the benchmarks, and
 # print a short summary last. Logs and JSON go under $OUT (or ./gpu_check_out).
 #
-#   scripts/gpu_check.sh [--sanitize] [--no-bench] [--quick-bench] [--cpp-example] [--no-build] [--tests "PYTEST ARGS"] [--bench "ARGS"]
+#   scripts/gpu_check.sh [--sanitize] [--deep] [--no-bench] [--quick-bench] [--cpp-example] [--no-build] [--tests "PYTEST ARGS"] [--bench "ARGS"]
 #
 #   --sanitize     also run the CUDA kernel tests under compute-sanitizer memcheck and racecheck
+#   --deep         also run the property suite's long profile (HYPOTHESIS_PROFILE=long, 3000 examples a property)
 #   --no-bench     skip benchmarks;  --quick-bench: benchmarks with --quick
 #   --cpp-example  also build and run examples/cpp on its own first (tests/test_cpp.py runs it too, on CPU and CUDA)
 #   --no-build     reuse the in-place build of an earlier call on the same machine (a suite split over calls)
@@ -14,10 +15,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-SANITIZE=0; CPP_EXAMPLE=0; BUILD=1; BENCH=1; BENCH_ARGS=""; TEST_ARGS="tests"
+SANITIZE=0; DEEP=0; CPP_EXAMPLE=0; BUILD=1; BENCH=1; BENCH_ARGS=""; TEST_ARGS="tests"
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) SANITIZE=1 ;;
+    --deep) DEEP=1 ;;
     --cpp-example) CPP_EXAMPLE=1 ;;
     --no-bench) BENCH=0 ;;
     --no-build) BUILD=0 ;;
@@ -128,6 +130,15 @@ eval "$PY -m pytest $TEST_ARGS $XDIST -q -rfEs --durations=25 --junitxml=\"$OUT/
 rc=$?
 [ $rc -ne 0 ] && status=1 && grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
 note "tests: $(tail -1 "$OUT/tests.log") (rc $rc, $(( $(date +%s) - t0 )) s)"
+
+# ---- the property suite's long profile (the README's deeper run), CPU and CUDA samples alike
+if [ $DEEP -eq 1 ]; then
+  t0=$(date +%s)
+  HYPOTHESIS_PROFILE=long eval "$PY -m pytest tests/test_properties.py $XDIST -q -rfE" >"$OUT/deep.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1 && grep -E "^(FAILED|ERROR)" "$OUT/deep.log" | head -10
+  note "deep: $(tail -1 "$OUT/deep.log") (rc $rc, $(( $(date +%s) - t0 )) s)"
+fi
 
 # ---- benchmarks
 if [ $BENCH -eq 1 ]; then
