@@ -98,9 +98,10 @@ struct BackMath {
     if constexpr (kLayer) s.v[1] += d1;
   }
 
-  // The row's coefficients from its reduced sums: dx = r * g - c1 - c3 * (h - mean).
-  __device__ static __forceinline__ void coefficients(const Stats& s, int n, A r, A& c1, A& c3) {
-    c3 = static_cast<A>(static_cast<S>(r) * r * r * s.v[0] / static_cast<S>(n));
+  // The row's coefficients from its reduced sums: dx = r * g - c1 - xhat * c2, xhat = (h - mean) * r, so no term
+  // under- or overflows before the result does (c2 = r * mean(g * xhat), c1 = r * mean(g)).
+  __device__ static __forceinline__ void coefficients(const Stats& s, int n, A r, A& c1, A& c2) {
+    c2 = static_cast<A>(static_cast<S>(r) * (static_cast<S>(r) * s.v[0]) / static_cast<S>(n));
     c1 = kLayer ? static_cast<A>(static_cast<S>(r) * s.v[kStats - 1] / static_cast<S>(n)) : A(0);
   }
 
@@ -109,15 +110,15 @@ struct BackMath {
   __device__ static __forceinline__ AlignedVector<T, kC> input_grad(const AlignedVector<T, kC>& hv,
                                                                     const AlignedVector<T, kC>& gv,
                                                                     const AlignedVector<W, kC>& wv, bool scale,
-                                                                    A offset, A mean, A r, A c1, A c3,
+                                                                    A offset, A mean, A r, A c1, A c2,
                                                                     const AlignedVector<T, kC>& extra) {
     AlignedVector<T, kC> out;
 #pragma unroll
     for (int e = 0; e < kC; ++e) {
       A g = static_cast<A>(gv.val[e]);
       if (scale) g *= static_cast<A>(wv.val[e]) + offset;
-      const A hc = kLayer ? static_cast<A>(hv.val[e]) - mean : static_cast<A>(hv.val[e]);
-      A v = r * g - c3 * hc;
+      const A xhat = (kLayer ? static_cast<A>(hv.val[e]) - mean : static_cast<A>(hv.val[e])) * r;
+      A v = r * g - xhat * c2;
       if constexpr (kLayer) v -= c1;
       if constexpr (kExtra) v += static_cast<A>(extra.val[e]);
       out.val[e] = static_cast<T>(v);
@@ -246,15 +247,15 @@ __global__ void __launch_bounds__(kBlockPerRow ? kKeptThreads : 4 * kWarpSize, 1
         keep_packed(wc[k]);
       }
       s = kBlockPerRow ? warps_sum(s, scratch, parity, 0, threads / kWarpSize) : lanes_sum(s, kWarpSize);
-      A c1, c3;
-      M::coefficients(s, n, r, c1, c3);
+      A c1, c2;
+      M::coefficients(s, n, r, c1, c2);
       T* dxr = a.dx + row * n;
       const T* dresr = a.dres != nullptr ? a.dres + row * a.dres_row_stride : nullptr;
       auto dx_chunk = [&](int c, const Chunk& hv, const Chunk& gv, const WChunk& w) {
         if (dresr != nullptr) {
-          return M::template input_grad<true>(hv, gv, w, scale, a.offset, mean, r, c1, c3, load_vector<T, kC>(dresr, c));
+          return M::template input_grad<true>(hv, gv, w, scale, a.offset, mean, r, c1, c2, load_vector<T, kC>(dresr, c));
         }
-        return M::template input_grad<false>(hv, gv, w, scale, a.offset, mean, r, c1, c3, hv);
+        return M::template input_grad<false>(hv, gv, w, scale, a.offset, mean, r, c1, c2, hv);
       };
 #pragma unroll
       for (int k = 0; k < kSlots; ++k) {
@@ -387,8 +388,8 @@ __global__ void __launch_bounds__(kStagedThreads, 1) norm_staged_rows_backward_k
     // thread 0's copies, past the row's barrier
     const A r = kCluster ? stat_ring[0][stat_slot(row)] : r_loaded;
     const A mean = kCluster && kLayer ? stat_ring[kCluster ? 1 : 0][stat_slot(row)] : mean_loaded;
-    A c1, c3;
-    M::coefficients(s, n, r, c1, c3);
+    A c1, c2;
+    M::coefficients(s, n, r, c1, c2);
     T* dxr = a.dx + row * n + col;
     // The row is read again from shared memory (kept in registers over the reduction, 16-bit rows spilled).
 #pragma unroll
@@ -397,7 +398,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) norm_staged_rows_backward_k
       if (c < n_chunks) {
         const Chunk hv = ring.at(stage, 0, k), gv = ring.at(stage, 1, k);
         const Chunk dr = ring.at(stage, kDres ? 2 : 0, k);  // (h again when there is no dres: not used)
-        store_vector<T, kC>(dxr, c, M::template input_grad<kDres>(hv, gv, wc[k], scale, a.offset, mean, r, c1, c3, dr));
+        store_vector<T, kC>(dxr, c, M::template input_grad<kDres>(hv, gv, wc[k], scale, a.offset, mean, r, c1, c2, dr));
         if (!kParamsFirst) M::add_params(hv, gv, mean, r, want_dw, want_db, dw[k], db[k]);
       }
     }
@@ -451,7 +452,7 @@ template <typename T, typename W, int kC, bool kLayer>
 void launch_backward(BackwardArgs<T, W> a, const at::Tensor& dw, const at::Tensor& db, int device,
                      cudaStream_t stream) {
   using S = RowSum<T>;
-  constexpr size_t kStaticBytes = kReduceScratchBytes<T, BackMath<kLayer, T>::kStats> + 2 * (kStagedStages + 1) * 8;
+  constexpr size_t kStaticBytes = kReduceScratchBytes<RowSum<T>, BackMath<kLayer, T>::kStats> + 2 * (kStagedStages + 1) * 8;
   const int params = static_cast<int>(dw.defined()) + static_cast<int>(db.defined());
   const RowShape shape{kLayer ? NormOp::kLayer : NormOp::kRms, static_cast<int>(sizeof(T)), std::is_same_v<T, double>,
                        kC > 1, a.n, a.rows};

@@ -2,9 +2,12 @@
 // norm/norm_plan.h, and their launch from a plan. One template serves rms_norm, add_rms_norm (kOp kAddRms: the
 // residual is added in the same pass, h = round_T(input + residual) stored as residual_out and normalised) and
 // layer_norm (kOp kLayer: centred, with a bias); norm_forward_{rms,add,layer}.cu instantiate it in parallel.
-// Every row: sweep 1 loads its chunks (all loads issued before any is used) and sums them in RowSum<T>; the row's
+// Every row: sweep 1 loads its chunks (all loads issued before any is used) and sums them; the row's
 // sums give mean and rstd; sweep 2 writes ((h - mean) * rstd) * (weight + offset) + bias, formed in f32 (f64 for
-// f64) and rounded once, F.rms_norm's / F.layer_norm's order.
+// f64) and rounded once, F.rms_norm's / F.layer_norm's order. A row's sums are f64 (RowMath), so its statistics
+// do not depend on its length or on where its large values sit: a thread's share that overflows the working
+// precision is summed again in f64 from its values; f64 rows whose squares overflow f64 itself take exact
+// statistics from a scaled pass over their values after their output, which they write again (RowMath::Exact).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +45,46 @@ template <typename T, typename W>
 using ForwardKernel = void (*)(ForwardArgs<T, W>, int);
 
 // ------------------------------------------------------------------------------------------ register rows
+// An f64 register row again with its exact statistics (RowMath::Exact) from its values in memory (`src`: the
+// input, or add_rms_norm's residual_out), its output written again where `redo`. Every thread of the row's warp (a
+// group of up to a warp) or block calls it; row < 0: a thread without a row. Not inlined: a cold path.
+template <typename T, typename W, int kC, bool kLayer, bool kWeight, bool kBias, int kPer>
+__device__ __noinline__ void register_rows_exact(ForwardArgs<T, W> a, int64_t row, const T* src, int t,
+                                                 int group_threads, bool redo, int parity,
+                                                 double (&scratch)[2][1][kWarpSize]) {
+  using M = RowMath<kLayer, T>;
+  using A = opmath_t<T>;
+  const int n_chunks = static_cast<int>(a.n / kC);
+  const bool in_warp = group_threads <= kWarpSize;
+  auto for_each = [&](auto&& f) {
+    if (row < 0) return;
+    for (int k = 0; k < kPer; ++k) {
+      if (t + k * group_threads < n_chunks) f(load_vector<T, kC>(src, t + k * group_threads));
+    }
+  };
+  auto reduce = [&](double x, int pass) {
+    const Sums<double, 1> e{{x}};
+    return (in_warp ? lanes_sum(e, group_threads) : warps_sum(e, scratch, parity ^ pass, 0, group_threads / kWarpSize))
+        .v[0];
+  };
+  A mean, r;
+  M::Exact::stats(for_each, reduce, a.n, a.eps, mean, r);
+  if (!redo) return;
+  if (t == 0) {
+    if (a.rstd != nullptr) a.rstd[row] = r;
+    if (kLayer && a.mean != nullptr) a.mean[row] = mean;
+  }
+  for (int k = 0; k < kPer; ++k) {
+    const int c = t + k * group_threads;
+    if (c >= n_chunks) continue;
+    const AlignedVector<W, kC> w = kWeight ? load_vector<W, kC>(a.weight, c) : AlignedVector<W, kC>{};
+    const AlignedVector<W, kC> b = kBias ? load_vector<W, kC>(a.bias, c) : AlignedVector<W, kC>{};
+    store_vector<T, kC>(a.y + row * a.n, c,
+                        M::template normalize<kWeight, kBias>(load_vector<T, kC>(src, c), w, b, mean, r, a.offset));
+  }
+}
+
+
 // A group of row_threads threads a row (a power of two; rows of a block: blockDim / row_threads, one when the
 // group is larger than a warp), kPer chunks a thread, the row read once into registers. Plain rows of 16-byte
 // vectors read the input with L2 "evict last" and store "evict first"; f32 rows of 4 vectors a thread (a block
@@ -53,17 +96,18 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
   constexpr bool kAdd = kOp == NormOp::kAddRms, kLayer = kOp == NormOp::kLayer;
   using M = RowMath<kLayer, T>;
   using A = opmath_t<T>;
-  using S = RowSum<T>;
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
   constexpr bool kHints = !kAdd && sizeof(T) * kC == kVectorBytes;
   constexpr bool kBlockHints = kHints && sizeof(T) == 4 && kPer == 4;
   constexpr bool kWeightFirst = kPer <= 4;
-  __shared__ S scratch[2][M::kStats][kWarpSize];
+  __shared__ double scratch[2][M::kStats][kWarpSize];
+  __shared__ double exact_scratch[2][1][kWarpSize];
   const int group_threads = kGroup > 0 ? kGroup : row_threads;
   const int per_block = static_cast<int>(blockDim.x) / group_threads;
   const int sub = static_cast<int>(threadIdx.x) / group_threads, t = static_cast<int>(threadIdx.x) % group_threads;
   const int n_chunks = static_cast<int>(a.n / kC);
+  const double inv_n = 1.0 / static_cast<double>(a.n);
   const uint64_t keep = kHints ? l2_policy<L2Evict::kLast>() : 0, drop = kHints ? l2_policy<L2Evict::kFirst>() : 0;
   auto read = [&](const T* base, int c) {
     if constexpr (kBlockHints) return read_chunk<T, kC, L1Use::kNoAllocate>(base, c, drop, true);
@@ -79,7 +123,7 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
     const bool valid = row < a.rows;  // uniform over the row's group
     Chunk v[kPer];
     WChunk w[kPer], b[kPer];
-    typename M::Stats st = zero_sums<S, M::kStats>();
+    typename M::Stats st = zero_sums<double, M::kStats>();
     A shift = 0;
     auto params = [&](int k, int c) {
       if constexpr (kWeight) w[k] = read_param(a.weight, c);
@@ -118,17 +162,24 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
           if (c < n_chunks) params(k, c);
         }
       }
+      typename M::Local local{};
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
-        if (t + k * group_threads < n_chunks) M::add_chunk(st, v[k], shift);
+        if (t + k * group_threads < n_chunks) M::accumulate(local, v[k], shift);
       }
+      M::add(st, local, [&](typename M::Stats& s) {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+          if (t + k * group_threads < n_chunks) M::accumulate_f64(s, v[k], shift);
+        }
+      });
 #pragma unroll
       for (int k = 0; k < kPer; ++k) keep_packed(v[k]);
     }
     const bool in_warp = group_threads <= kWarpSize;  // else the block is the row's (per_block == 1)
     st = in_warp ? lanes_sum(st, group_threads) : warps_sum(st, scratch, parity, 0, group_threads / kWarpSize);
     A mean, r;
-    M::finish(st, a.n, a.eps, shift, mean, r);
+    const bool ok = M::finish(st, inv_n, a.eps, shift, mean, r);
     if (valid) {
       if (t == 0) {
         if (a.rstd != nullptr) a.rstd[row] = r;
@@ -143,6 +194,14 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
           write_chunk(yr, c, M::template normalize<kWeight, kBias>(v[k], w[k], b[k], mean, r, a.offset), drop,
                       kHints);
         }
+      }
+    }
+    if constexpr (std::is_same_v<T, double>) {
+      // rare: rows whose squares overflow f64, again with exact statistics (uniform over the warp or block)
+      if (in_warp ? __any_sync(kFullWarpMask, valid && !ok) : !ok) {
+        register_rows_exact<T, W, kC, kLayer, kWeight, kBias, kPer>(
+            a, valid ? row : -1, kAdd ? a.h_out + row * a.n : a.x + row * a.x_row_stride, t, group_threads,
+            valid && !ok, parity, exact_scratch);
       }
     }
   }
@@ -185,7 +244,6 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
   constexpr bool kAdd = kOp == NormOp::kAddRms, kLayer = kOp == NormOp::kLayer;
   using M = RowMath<kLayer, T>;
   using A = opmath_t<T>;
-  using S = RowSum<T>;
   using Stats = typename M::Stats;
   using Chunk = AlignedVector<T, kC>;
   using WChunk = AlignedVector<W, kC>;
@@ -200,13 +258,16 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
   static_assert(!kAgain || (kAdd && !kCluster), "input and residual read again: add_rms_norm, one block a row");
   // add_rms_norm's f32 rows (and all its fixed-count rows) kept in shared memory read without L2 hints
   constexpr bool kAddHints = kVec && !(kKeep != Keep::kReadBack && (std::is_same_v<T, float> || kPer > 0));
-  __shared__ S scratch[2][M::kStats][kWarpSize];
+  __shared__ double scratch[2][M::kStats][kWarpSize];
   __shared__ Stats cluster_slots[kCluster ? 2 : 1];
+  __shared__ double exact_scratch[2][1][kWarpSize];
+  __shared__ Sums<double, 1> exact_slots[kCluster ? 2 : 1];
   extern __shared__ __align__(16) unsigned char stream_smem[];
   Chunk* kept = reinterpret_cast<Chunk*>(stream_smem) + threadIdx.x;
   const int cluster = kCluster ? static_cast<int>(cluster_blocks()) : 1;
   const int64_t part = kCluster ? a.n / cluster : a.n, first = kCluster ? cluster_rank() * part : 0;
   const int n_chunks = static_cast<int>(part / kC);
+  const double inv_n = 1.0 / static_cast<double>(a.n);
   const W* w_part = kWeight ? a.weight + first : nullptr;
   const W* b_part = kBias ? a.bias + first : nullptr;
   const int threads = kThreads > 0 ? kThreads : static_cast<int>(blockDim.x);
@@ -234,7 +295,7 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
         return read_chunk<T, kC>(xr, c, keep, kVec);
       }
     };
-    Stats st = zero_sums<S, M::kStats>();
+    Stats st = zero_sums<double, M::kStats>();
     auto sweep1_batch = [&](int c, int j) {
       Chunk v[kIn];
       if constexpr (kAdd) {  // all of input's loads, then all of residual's, then the adds
@@ -259,18 +320,38 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
 #pragma unroll
         for (int k = 0; k < kIn; ++k) v[k] = first_read(c + k * threads);
       }
+      typename M::Local local{};
 #pragma unroll
-      for (int k = 0; k < kIn; ++k) M::add_chunk(st, v[k], shift);
+      for (int k = 0; k < kIn; ++k) M::accumulate(local, v[k], shift);
+      M::add_overflowing(st, local);
     };
     stream_sweep<kPer, kIn>(threads, n_chunks, sweep1_batch, [&](int c, int j) {
       const Chunk v = first_read(c);
       if constexpr (kKept) kept[j * threads] = v;
-      M::add_chunk(st, v, shift);
+      typename M::Local local{};
+      M::accumulate(local, v, shift);
+      M::add_overflowing(st, local);
     });
+    if (!std::is_same_v<A, double> && !isfinite(st.v[M::kStats - 1])) {
+      // rare: this thread's share overflowed the working precision: summed again in f64
+      st = zero_sums<double, M::kStats>();
+#pragma unroll 1
+      for (int c = threadIdx.x, j = 0; c < n_chunks; c += threads, ++j) {
+        Chunk v;
+        if constexpr (kKept) {
+          v = kept[j * threads];
+        } else if constexpr (kAgain) {
+          v = add_rounded(load_vector<T, kC>(xr, c), load_vector<T, kC>(rr, c));
+        } else {
+          v = load_vector<T, kC>(kAdd ? hr : xr, c);
+        }
+        M::accumulate_f64(st, v, shift);
+      }
+    }
     st = warps_sum(st, scratch, parity, 0, threads / kWarpSize);
     if constexpr (kCluster) st = cluster_sum(st, cluster_slots, parity, cluster);
     A mean, r;
-    M::finish(st, a.n, a.eps, shift, mean, r);
+    const bool ok = M::finish(st, inv_n, a.eps, shift, mean, r);
     // sweep 2's value of chunk c, the j-th of this thread's
     const T* again = kAdd ? hr : xr;
     auto second_read = [&](int c, int j) {
@@ -330,6 +411,31 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
       if constexpr (kAgain) write_chunk(hr, c, v, drop, false);
       write(c, v, kWeight ? read_param(w_part, c) : WChunk{}, kBias ? read_param(b_part, c) : WChunk{});
     });
+    if (std::is_same_v<T, double> && !ok) {  // rare: an f64 row whose squares overflow f64, again with exact
+      // statistics (uniform over the block and the cluster: the row's sums are the same bits everywhere)
+      auto value = [&](int c, int j) { return kKept ? kept[j * threads] : load_vector<T, kC>(again, c); };
+      auto for_each = [&](auto&& f) {
+#pragma unroll 1
+        for (int c = threadIdx.x, j = 0; c < n_chunks; c += threads, ++j) f(value(c, j));
+      };
+      auto reduce = [&](double x, int pass) {
+        Sums<double, 1> e{{x}};
+        e = warps_sum(e, exact_scratch, parity ^ pass, 0, threads / kWarpSize);
+        if constexpr (kCluster) e = cluster_sum(e, exact_slots, parity ^ pass, cluster);
+        return e.v[0];
+      };
+      M::Exact::stats(for_each, reduce, a.n, a.eps, mean, r);
+      if (threadIdx.x == 0 && first == 0) {
+        if (a.rstd != nullptr) a.rstd[row] = r;
+        if (kLayer && a.mean != nullptr) a.mean[row] = mean;
+      }
+#pragma unroll 1
+      for (int c = threadIdx.x, j = 0; c < n_chunks; c += threads, ++j) {
+        const WChunk w = kWeight ? load_vector<W, kC>(w_part, c) : WChunk{};
+        const WChunk b = kBias ? load_vector<W, kC>(b_part, c) : WChunk{};
+        store_vector<T, kC>(yr, c, M::template normalize<kWeight, kBias>(value(c, j), w, b, mean, r, a.offset));
+      }
+    }
   }
   if constexpr (kCluster) cluster_barrier();  // no block exits while a peer may still read its slots
 }
@@ -399,8 +505,8 @@ template <typename T, typename W, int kC, NormOp kOp>
 void launch_forward(const ForwardArgs<T, W>& a, int device, cudaStream_t stream) {
   constexpr int kStats = RowMath<kOp == NormOp::kLayer, T>::kStats;
   const bool weighted = a.weight != nullptr, biased = a.bias != nullptr;
-  // the kernels' static shared memory: the row sums' scratch and cluster slots
-  constexpr size_t kStaticBytes = kReduceScratchBytes<T, kStats>;
+  // the kernels' static shared memory: the row sums' scratch and cluster slots, and the exact sums'
+  constexpr size_t kStaticBytes = kReduceScratchBytes<double, kStats> + (2 * kWarpSize + 2) * sizeof(double);
   const RowShape shape{kOp, static_cast<int>(sizeof(T)), std::is_same_v<T, double>, kC > 1, a.n, a.rows};
   const DeviceInfo info{device_attribute(cudaDevAttrMultiProcessorCount, device),
                         device_attribute(cudaDevAttrComputeCapabilityMajor, device), smem_limit(device, kStaticBytes)};

@@ -4,12 +4,12 @@
 //   - accesses in "chunks" of kC elements: a 16-byte vector when every row start is aligned, else one
 //     element. Chunk c of a row covers elements [c * kC, c * kC + kC); a row's thread t owns chunks t,
 //     t + row_threads, ...;
-//   - row sums: per thread in RowSum<T> (f64 for f32/f64 input, so the error of a long row's sum does not
-//     grow with its length; f32 for 16-bit input, whose outputs round far coarser), then a fixed butterfly
-//     over the row's threads (shuffles, shared memory across warps, distributed shared memory across a
-//     cluster): every thread of a row gets the same bits;
-//   - the statistics of a row (RowMath): rms_norm's sum of squares; layer_norm's sums of (x - x0) and
-//     (x - x0)^2, shifted by the row's first element x0 so the variance does not cancel;
+//   - a row's statistics (RowMath): rms_norm's sum of squares; layer_norm's sums of (x - x0) and (x - x0)^2,
+//     shifted by the row's first element x0 so the variance does not cancel; each chunk summed in the working
+//     precision, then per thread in f64, then a fixed butterfly over the row's threads (shuffles, shared memory
+//     across warps, distributed shared memory across a cluster): every thread of a row gets the same bits;
+//   - the backward's row sums per thread in RowSum<T> (f64 for f32/f64 input, so their error does not grow with
+//     the row; f32 for 16-bit input, whose outputs round far coarser), reduced the same way;
 //   - the backward's deterministic column partials: one partial row per row group, in RowSum<T>, summed in
 //     group order by norm_column_reduce_kernel.
 #pragma once
@@ -127,56 +127,122 @@ __device__ __forceinline__ void write_chunk(T* base, int64_t c, const AlignedVec
 }
 
 // ------------------------------------------------------------------------------------------------ row math
-// What a norm computes of its rows. kLayer: layer_norm (centred, with a bias), else rms_norm. Statistics of a
-// row are Sums of kStats values per thread; `shift` is layer_norm's x0 (0 for rms_norm).
+// What a norm computes of its rows. kLayer: layer_norm (centred, with a bias), else rms_norm. A row's statistics
+// are Sums of kStats values per thread, in f64: each chunk is summed in the working precision, then added in f64,
+// so a row's sums neither lose precision with its length nor overflow where its values do not (a chunk whose
+// working sum overflows is summed again in f64). `shift` is layer_norm's x0 (0 for rms_norm).
 template <bool kLayer, typename T>
 struct RowMath {
   using A = opmath_t<T>;
-  using S = RowSum<T>;
   static constexpr int kStats = kLayer ? 2 : 1;
-  using Stats = Sums<S, kStats>;
+  using Stats = Sums<double, kStats>;
+
+  using Local = Sums<A, kStats>;  // a thread's sums over a few chunks, in the working precision
 
   template <int kC>
-  __device__ static __forceinline__ void add_chunk(Stats& s, const AlignedVector<T, kC>& v, A shift) {
-    if constexpr (kLayer) {
-      A d1 = 0, d2 = 0;
+  __device__ static __forceinline__ void accumulate(Local& s, const AlignedVector<T, kC>& v, A shift) {
 #pragma unroll
-      for (int e = 0; e < kC; ++e) {
-        const A d = static_cast<A>(v.val[e]) - shift;
-        d1 += d;
-        d2 += d * d;
-      }
-      s.v[0] += d1;
-      s.v[1] += d2;
-    } else {
-      (void)shift;
-      A d2 = 0;
-#pragma unroll
-      for (int e = 0; e < kC; ++e) {
-        const A a = static_cast<A>(v.val[e]);
-        d2 += a * a;
-      }
-      s.v[0] += d2;
+    for (int e = 0; e < kC; ++e) {
+      const A d = static_cast<A>(v.val[e]) - shift;
+      if constexpr (kLayer) s.v[0] += d;
+      s.v[kStats - 1] += d * d;
     }
   }
 
-  // mean (layer_norm; 0 for rms_norm) and rstd of an n-element row from its reduced sums, in the working
-  // precision in F.rms_norm's / F.layer_norm's order (mean, + eps, 1 / sqrt). rms_norm's sum is rounded to the
-  // working precision before the mean, as F.rms_norm sums in it: a row whose sum of squares overflows it
-  // normalises to 0 as there, however its values are laid out (a partial sum that overflows means the row's does).
-  __device__ static __forceinline__ void finish(const Stats& s, int64_t n, A eps, A shift, A& mean, A& rstd) {
-    if constexpr (kLayer) {
-      const S m1 = s.v[0] / static_cast<S>(n);
-      S var = s.v[1] / static_cast<S>(n) - m1 * m1;
-      var = var > S(0) ? var : S(0);
-      mean = static_cast<A>(static_cast<S>(shift) + m1);
-      rstd = A(1) / sqrt(static_cast<A>(var) + eps);
-    } else {
-      (void)shift;
-      mean = A(0);
-      rstd = A(1) / sqrt(static_cast<A>(s.v[0]) / static_cast<A>(n) + eps);
+  template <int kC>
+  __device__ static __forceinline__ void accumulate_f64(Stats& s, const AlignedVector<T, kC>& v, A shift) {
+#pragma unroll
+    for (int e = 0; e < kC; ++e) {
+      const double d = static_cast<double>(static_cast<A>(v.val[e])) - static_cast<double>(shift);
+      if constexpr (kLayer) s.v[0] += d;
+      s.v[kStats - 1] += d * d;
     }
   }
+
+  // s += local in f64; where local overflowed the working precision (not f64), redo(s) adds the same values in
+  // f64 instead (rare).
+  template <typename Redo>
+  __device__ static __forceinline__ void add(Stats& s, const Local& local, Redo&& redo) {
+    if (!std::is_same_v<A, double> && !isfinite(local.v[kStats - 1])) {
+      redo(s);
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < kStats; ++i) s.v[i] += static_cast<double>(local.v[i]);
+  }
+
+  // s += local in f64; an overflow of the working precision shows as a sum that is not finite (the kernel sums
+  // that thread's share again in f64).
+  __device__ static __forceinline__ void add_overflowing(Stats& s, const Local& local) {
+#pragma unroll
+    for (int i = 0; i < kStats; ++i) s.v[i] += static_cast<double>(local.v[i]);
+  }
+
+  // mean (layer_norm; 0 for rms_norm) and rstd of a row from its reduced sums (inv_n = 1 / n), in the working
+  // precision in F.rms_norm's / F.layer_norm's order (mean, + eps, 1 / sqrt); where the mean square or variance
+  // overflows the working precision, rstd from it scaled by a power of two (eps is below its rounding there).
+  // Returns false where the sums are not finite: rows holding inf or NaN (which give what the formula gives, as
+  // torch's) and f64 rows whose squares overflow f64 (these take Exact). No f64 division or square root here: on
+  // the GPU those are subroutines that cost registers.
+  __device__ static __forceinline__ bool finish(const Stats& s, double inv_n, A eps, A shift, A& mean, A& rstd) {
+    double spread;
+    if constexpr (kLayer) {
+      const double m1 = s.v[0] * inv_n;
+      spread = s.v[1] * inv_n - m1 * m1;
+      spread = spread > 0 ? spread : 0;
+      mean = static_cast<A>(static_cast<double>(shift) + m1);
+    } else {
+      (void)shift;
+      spread = s.v[0] * inv_n;
+      mean = A(0);
+    }
+    const A spread_a = static_cast<A>(spread);
+    rstd = A(1) / sqrt(spread_a + eps);
+    if constexpr (!std::is_same_v<A, double>) {
+      if (isinf(spread_a) && isfinite(spread)) rstd = rsqrtf(static_cast<float>(spread * 0x1p-160)) * 0x1p-80f;
+    }
+    return isfinite(spread);
+  }
+
+  // An f64 row's statistics from its values scaled by a power of two (their squares can overflow f64 itself),
+  // each thread's share added by for_each and reduced over the row's threads by reduce, for rows finish()
+  // refused: mean, then the sum of squared deviations (rms_norm: of the values).
+  struct Exact {
+    static constexpr double kScale = 0x1p-600;
+    template <int kC>
+    __device__ static __forceinline__ double sum(const AlignedVector<T, kC>& v) {
+      double s = 0;
+#pragma unroll
+      for (int e = 0; e < kC; ++e) s += static_cast<double>(static_cast<A>(v.val[e])) * kScale;
+      return s;
+    }
+    template <int kC>
+    __device__ static __forceinline__ double squares(const AlignedVector<T, kC>& v, double centre) {
+      double s = 0;
+#pragma unroll
+      for (int e = 0; e < kC; ++e) {
+        const double d = static_cast<double>(static_cast<A>(v.val[e])) * kScale - centre;
+        s += d * d;
+      }
+      return s;
+    }
+    // for_each(f) calls f(chunk) for each of this thread's chunks; reduce(x, pass) sums x over the row's threads.
+    template <typename ForEach, typename Reduce>
+    __device__ static __forceinline__ void stats(ForEach&& for_each, Reduce&& reduce, int64_t n, A eps, A& mean,
+                                                 A& rstd) {
+      double centre = 0;
+      if constexpr (kLayer) {
+        double part = 0;
+        for_each([&](const auto& v) { part += sum(v); });
+        centre = reduce(part, 0) / static_cast<double>(n);
+      }
+      double part = 0;
+      for_each([&](const auto& v) { part += squares(v, centre); });
+      const double spread = reduce(part, 1) / static_cast<double>(n);
+      mean = static_cast<A>(centre / kScale);
+      rstd = static_cast<A>(kScale / sqrt(spread + static_cast<double>(eps) * kScale * kScale));
+    }
+  };
 
   // One output chunk: ((x - mean) * rstd) * (w + offset) (+ b), formed in A and rounded once. Without a weight
   // (kWeight false) w is not read; without a bias neither is b.
@@ -321,9 +387,10 @@ int cached_residency(void (*kernel)(Params...), int device, int threads, size_t 
   return cache.get(device, threads, smem, [&] { return resident_blocks_per_sm(kernel, threads, smem); });
 }
 
-// The static shared memory of the block-reduction kernels: warps_sum's scratch and cluster_sum's slots.
-template <typename T, int kStats>
-constexpr size_t kReduceScratchBytes = (2 * kWarpSize + 2) * kStats * sizeof(RowSum<T>);
+// The static shared memory of the block-reduction kernels: warps_sum's scratch and cluster_sum's slots, of
+// elements of S.
+template <typename S, int kStats>
+constexpr size_t kReduceScratchBytes = (2 * kWarpSize + 2) * kStats * sizeof(S);
 
 // The dynamic shared memory a kernel may opt in to on `device`, next to `static_bytes`.
 inline size_t smem_limit(int device, size_t static_bytes) {
