@@ -14,9 +14,9 @@ it, ~M K 5 bytes: 143 GB at arxiv size, more than the H200 has. So fwd+bwd runs 
 "arxiv-like/4" graph, used for nothing else) and fwd+bwd(d) on every graph.
 The CPU run uses the arxiv-like and uniform graphs scaled down 8x (ratios only).
 
-    python benchmarks/bench_csr_spmm.py [--device cuda|cpu] [--quick] [--dtypes f32,bf16] [--threads 2]
+    python -m benchmarks.bench_csr_spmm [--device cuda|cpu] [--quick] [--dtypes f32,bf16] [--threads 2]
                                         [--graphs arxiv-like,reddit-like]
-    python -m benchmarks.bench_csr_spmm ...
+    (from the repository root, as benchmarks/run_all.py runs it)
 """
 
 from __future__ import annotations
@@ -25,11 +25,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator, Sequence
-
-if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-place-built `torchops`) importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

@@ -3,19 +3,15 @@
 Measures, on the same tensors in the same run: contiguous and strided (transposed, sliced) inputs over a range
 of sizes, bandwidth against a device-to-device copy, and the host cost of tiny calls (forward and fwd+bwd).
 
-    python benchmarks/bench_vector_add.py [--device cuda|cpu] [--quick] [--dtypes f32,bf16,f16] [--out-dir DIR]
-    python -m benchmarks.bench_vector_add ...
+    python -m benchmarks.bench_vector_add [--device cuda|cpu] [--quick] [--dtypes f32,bf16,f16] [--out-dir DIR]
+    (from the repository root, as benchmarks/run_all.py runs it)
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Callable, Iterator, Sequence
-
-if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-place-built `torchops`) importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

@@ -33,9 +33,11 @@ def needs_gpu_memory(gib: int) -> pytest.MarkDecorator:
     return lambda fn: group(skip(fn))
 
 # The supported dtypes: the lists the fake kernels check against (test_dtype_lists.py: the C++ kernels' too).
+# Tests take their dtypes from here, never as a list of their own.
 FLOAT_DTYPES = _checks.FLOAT_DTYPES
 INT_DTYPES = _checks.INT_DTYPES
 FLOAT_AND_INT_DTYPES = _checks.FLOAT_AND_INT_DTYPES
+HALF_DTYPES = tuple(d for d in FLOAT_DTYPES if d.itemsize == 2)  # the 16-bit floats (computed in f32)
 
 # (rtol, atol) against a float64 reference rounded to the output dtype.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -82,11 +84,13 @@ def exact_gelu(x: torch.Tensor, approximate: str) -> tuple[torch.Tensor, torch.T
     return x * s, s + x * s * one_minus_s * 2 * beta * (1 + 3 * kappa * x * x)
 
 
-def chunk_halves(rows: int, h: int, dtype: torch.dtype, device: str, *, offset: int = 0, low: float = -3.0,
-                 high: float = 3.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (rows x 2h, starting `offset` elements into its storage) and its halves x.chunk(2, -1): the gate
-    and up of a fused projection, read in place by the gated ops."""
-    x = random_tensor((rows * 2 * h + offset,), dtype, device, low=low, high=high)[offset:].view(rows, 2 * h)
+def chunk_halves(rows: int | Sequence[int], h: int, dtype: torch.dtype, device: str, *, offset: int = 0,
+                 low: float = -3.0, high: float = 3.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (rows x 2h, or (*rows, 2h) for a shape of rows, starting `offset` elements into its storage) and its
+    halves x.chunk(2, -1): the gate and up of a fused projection, read in place by the gated ops."""
+    lead = (rows,) if isinstance(rows, int) else tuple(rows)
+    n = math.prod(lead) * 2 * h
+    x = random_tensor((n + offset,), dtype, device, low=low, high=high)[offset:].view(*lead, 2 * h)
     gate, up = x.chunk(2, dim=-1)
     return x, gate, up
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torchops
-from helpers import HAS_CUDA, assert_close_to_reference, needs_gpu_memory, poison_, random_tensor, requires_cuda
+from helpers import (FLOAT_AND_INT_DTYPES, HAS_CUDA, assert_close_to_reference, needs_gpu_memory, poison_,
+                     random_tensor, requires_cuda)
 from op_db import OpInfo, ops, upcast
 
 pytestmark = requires_cuda
@@ -147,7 +148,7 @@ def test_more_than_2_pow_31_elements(info: OpInfo) -> None:
 # --- vector_add's own paths: dense alignment and tails, tiled transposes, 64-bit strided/tiled offsets ---
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.int32])
+@pytest.mark.parametrize("dtype", FLOAT_AND_INT_DTYPES)
 def test_dense_path_every_alignment_and_tail(dtype: torch.dtype) -> None:
     # Offsets 0..7 elements into the storage x sizes around the 16-byte vector and unroll widths:
     # covers out-aligned/input-misaligned, equal misalignment (head peeling) and the scalar tail.

@@ -1,12 +1,14 @@
 """The dtype lists are one fact: csrc/core/dispatch.h generates both the C++ argument checks and the
 dispatch cases from its lists, and meta_kernels/_checks.py holds the same lists for the fake kernels and the
-tests (op_db's `dtypes`). Here every op's real and fake kernels are called with every dtype a tensor can
+tests (helpers.py, and through it op_db's `dtypes`; no test types a list of its own). Here the Python lists are
+read against dispatch.h's, and every op's real and fake kernels are called with every dtype a tensor can
 have: each must accept exactly its op_db dtypes (a listed dtype without a dispatch case would raise "not
 implemented") and reject every other one with the unsupported-dtype error naming the same list, in order.
 """
 
 from __future__ import annotations
 
+import pathlib
 import re
 import warnings
 from typing import Any
@@ -15,7 +17,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from helpers import DEVICES
+import helpers
+from helpers import DEVICES, REPO_ROOT
 from meta_kernels import _checks
 from op_db import OP_DB, OpInfo
 
@@ -59,6 +62,39 @@ def test_python_lists_are_one_source() -> None:
     assert len(set(_checks.FLOAT_AND_INT_DTYPES)) == len(_checks.FLOAT_AND_INT_DTYPES)
     assert all(d.is_floating_point for d in _checks.FLOAT_DTYPES)
     assert not any(d.is_floating_point or d.is_complex for d in _checks.INT_DTYPES)
+    for name in ("FLOAT_DTYPES", "INT_DTYPES", "FLOAT_AND_INT_DTYPES"):
+        assert getattr(helpers, name) is getattr(_checks, name)
+
+
+def test_python_lists_are_dispatch_h_lists() -> None:
+    """The X-macro lists of csrc/core/dispatch.h, dtype for dtype and in order (c10 spells at::kHalf "Half",
+    as _checks._dtype_name does)."""
+    text = (pathlib.Path(REPO_ROOT) / "csrc" / "core" / "dispatch.h").read_text()
+    for name, listed in (("FLOAT", _checks.FLOAT_DTYPES), ("INT", _checks.INT_DTYPES)):
+        body = re.search(rf"#define TORCHOPS_FOR_EACH_{name}_DTYPE\(F, \.\.\.\)((?:.*\\\n)*.*)", text)
+        assert body, f"no TORCHOPS_FOR_EACH_{name}_DTYPE in dispatch.h"
+        assert re.findall(r"F\(at::k(\w+),", body.group(1)) == [_checks._dtype_name(d) for d in listed]
+
+
+_DTYPE_LITERAL = re.compile(r"[(\[{]\s*torch\.\w+(?:\s*,\s*torch\.\w+)+\s*,?\s*[)\]}]")
+
+
+def test_no_test_types_a_list_of_its_own() -> None:
+    """A literal list of dtypes that is one of the supported lists (or its 16-bit floats) belongs in helpers,
+    which takes them from _checks; a literal selection of a few dtypes, for a test too slow for all, is fine."""
+    lists = {frozenset(d) for d in (_checks.FLOAT_DTYPES, _checks.INT_DTYPES, _checks.FLOAT_AND_INT_DTYPES,
+                                    helpers.HALF_DTYPES)}
+    found = []
+    for path in sorted(pathlib.Path(REPO_ROOT, "tests").rglob("*.py")):
+        if path.name == "helpers.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for literal in _DTYPE_LITERAL.findall(line):
+                names = re.findall(r"torch\.(\w+)", literal)
+                dtypes = {getattr(torch, n) for n in names if isinstance(getattr(torch, n, None), torch.dtype)}
+                if len(dtypes) == len(names) and frozenset(dtypes) in lists:
+                    found.append(f"{path.relative_to(REPO_ROOT)}:{number}: {literal}")
+    assert not found, "dtype lists typed again (take them from helpers):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("fake", [False, True], ids=["kernel", "fake"])

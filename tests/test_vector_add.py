@@ -1,15 +1,19 @@
-"""vector_add specifics the generic tables don't express: the Python wrapper, out= aliasing and version
-counters, the exported graph, strided layouts beyond the samples, and the import-time version check."""
+"""vector_add specifics the generic tables don't express: the Python wrapper, out= aliasing, resizing and
+version counters, the exported graph, strided layouts beyond the samples, and the import-time version check."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 import torch._dynamo.testing
 from expecttest import TestCase
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchops
-from helpers import FLOAT_AND_INT_DTYPES, called_ops, DEVICES, assert_close_to_reference, make_layout, poison_, random_tensor
+from helpers import (DEVICES, FLOAT_AND_INT_DTYPES, HALF_DTYPES, assert_close_to_reference, called_ops, make_layout,
+                     poison_, random_tensor)
 from op_db import OPS_BY_NAME
 from torchops import _native
 
@@ -24,6 +28,75 @@ def test_wrapper_returns_out_and_writes_in_place(device: str) -> None:
     a_copy = a.clone()
     assert torchops.vector_add(a, b, out=a) is a  # in place into an input
     torch.testing.assert_close(a, a_copy + b)
+
+
+# An out of another shape is resized as torch.add(out=) resizes it: an empty one silently, any other with
+# torch's deprecation warning (from its own resize_output).
+_RESIZE_WARNING = "An output with one or more elements was resized since it had shape"
+
+
+def _cpp_warnings(stderr: str) -> list[str]:
+    """The C++ warnings (TORCH_WARN) in captured stderr, without their time stamps: through torch.ops they
+    reach stderr, not Python's warnings, torch.ops.aten's and ours alike."""
+    return re.findall(r"Warning: (.*?) \(function", stderr)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("out_shape", [(0,), (2, 0), (5,), (3, 4), (4, 3, 1)])
+def test_out_of_another_shape_is_resized_like_torch_add(device: str, out_shape: tuple[int, ...], capfd) -> None:
+    a, b = random_tensor((4, 3), torch.float32, device), random_tensor((4, 3), torch.float32, device)
+    out, torch_out = torch.empty(out_shape, device=device), torch.empty(out_shape, device=device)
+    capfd.readouterr()
+    torch.ops.myns.vector_add_out(a, b, out)
+    ours = _cpp_warnings(capfd.readouterr().err)
+    torch.ops.aten.add.out(a, b, out=torch_out)
+    theirs = _cpp_warnings(capfd.readouterr().err)
+    assert out.shape == torch_out.shape == a.shape and out.stride() == torch_out.stride()
+    assert torch.equal(out, a + b)
+    assert ours == theirs and len(ours) == (torch.Size(out_shape).numel() != 0), (ours, theirs)
+    if ours:
+        assert ours[0].startswith(_RESIZE_WARNING)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrapper_warns_like_torch_add_when_it_resizes(device: str) -> None:
+    a, b = random_tensor((4, 3), torch.float32, device), random_tensor((4, 3), torch.float32, device)
+    for out_shape in [(5,), (3, 4)]:
+        with pytest.warns(UserWarning, match=_RESIZE_WARNING):
+            torch.add(a, b, out=torch.empty(out_shape, device=device))
+        out = torch.empty(out_shape, device=device)
+        with pytest.warns(UserWarning, match=_RESIZE_WARNING):
+            assert torchops.vector_add(a, b, out=out) is out
+        assert torch.equal(out, a + b)
+
+
+def test_fake_kernel_resizes_out_as_the_kernels_do() -> None:
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    for out_shape in [(0,), (5,), (3, 4)]:
+        real = torch.empty(out_shape)
+        torch.ops.myns.vector_add_out(a, b, real)
+        with FakeTensorMode() as mode:
+            fake = mode.from_tensor(torch.empty(out_shape))
+            torch.ops.myns.vector_add_out(mode.from_tensor(a), mode.from_tensor(b), fake)
+        assert (fake.shape, fake.stride()) == (real.shape, real.stride())
+
+
+@pytest.mark.parametrize("out_shape", [(0,), (5,)])
+def test_compiled_out_of_another_shape_runs_eagerly(out_shape: tuple[int, ...]) -> None:
+    # A traced graph cannot resize its input (dynamo does not trace torch.add(out=)'s resizing either): the call
+    # is a graph break, run eagerly; fullgraph refuses it, naming the op.
+    def fn(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        torchops.vector_add(a, b, out=out)
+        return out * 2
+
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    torch._dynamo.reset()
+    out = torch.empty(out_shape)
+    torch.testing.assert_close(torch.compile(fn)(a, b, out), (a + b) * 2)
+    assert out.shape == a.shape
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=r"myns::vector_add_out: out of shape \[\d+\] would be resized"):
+        torch.compile(fn, fullgraph=True)(a, b, torch.empty(out_shape))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -95,13 +168,13 @@ def test_more_layouts(device: str, dtype: torch.dtype, shape, layouts) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_half_precision_matches_torch_add_exactly(device: str) -> None:
     # Same math as torch.add (f32 sum, one rounding), so the results are bit-identical.
-    for dtype in (torch.float16, torch.bfloat16):
+    for dtype in HALF_DTYPES:
         a, b = random_tensor((4099,), dtype, device, low=-60000, high=60000), random_tensor((4099,), dtype, device)
         assert torch.equal(torchops.vector_add(a, b), torch.add(a, b))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_every_bit_pattern_rounds_like_torch_add(device: str, dtype: torch.dtype) -> None:
     # Random 16-bit patterns cover subnormals, infinities, NaNs and rounding ties, through the vector
     # loops (CPU AVX2/F16C, CUDA 16-byte) and their scalar tails (odd length).

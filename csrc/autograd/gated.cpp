@@ -1,11 +1,11 @@
-// Autograd for the gated activations (swiglu, gelu_and_mul) and their backward ops, one template for the
-// family: an op y = act(gate) * up is described by a Spec (its ops' and nodes' names and act's derivatives
-// in ATen ops) and the op's extra non-tensor arguments (gelu's `approximate`), which the nodes save.
+// Autograd for the gated ops and their backward ops, one template for the family: each row of GatedFamily
+// (activations.h) gives an op y = act(gate) * up its schemas' and nodes' names, and its activations with
+// their derivatives in ATen ops; the op's extra non-tensor arguments (its form) are saved on the nodes.
 //
 // The forward saves its inputs (not the activation: the backward recomputes it) and its backward is the
-// op's backward myns op (swiglu_backward, ...), called through the dispatcher so torch.compile /
-// torch.export trace it as one node. Forward mode (jvp) is that backward op again: d out = act'(gate) up
-// dgate + act(gate) dup, which are the grad_gate and grad_up it computes for grad_out = dgate and dup.
+// row's backward myns op, called through the dispatcher so torch.compile / torch.export trace it as one
+// node. Forward mode (jvp) is that backward op again: d out = act'(gate) up dgate + act(gate) dup, which are
+// the grad_gate and grad_up it computes for grad_out = dgate and dup.
 //
 // The backward op is differentiable too (double backward, e.g. Hessian-vector products), in ATen ops: with
 // f, f', f'' the activation and its derivatives at the gate and A, B the grads flowing into (grad_gate,
@@ -22,72 +22,17 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "../core/autograd_node.h"
 #include "../core/autograd_utils.h"
-#include "../elementwise/gated.h"
+#include "../elementwise/activations.h"
 
 namespace torchops {
 namespace {
-
-// An activation and its first two derivatives at x, in ATen ops.
-struct ActDerivatives {
-  at::Tensor f, df, d2f;
-};
-
-// silu(x), silu'(x), silu''(x) from s = sigmoid(x): s (1 + x (1 - s)), s (1 - s) (2 + x (1 - 2 s)).
-ActDerivatives silu_derivatives(const at::Tensor& x) {
-  const at::Tensor s = x.sigmoid();
-  const at::Tensor one_minus_s = 1 - s;
-  return {x * s, s * (1 + x * one_minus_s), s * one_minus_s * (2 + x * (1 - 2 * s))};
-}
-
-// gelu: erf form x Phi(x), Phi' = phi, gelu'' = phi (2 - x^2); tanh form x s(x), s = sigmoid(w),
-// w = 2 sqrt(2/pi) (x + k x^3): s' = s (1 - s) w', s'' = s (1 - s) ((1 - 2 s) w'^2 + w''), gelu' = s + x s',
-// gelu'' = 2 s' + x s''.
-ActDerivatives gelu_derivatives(const at::Tensor& x, c10::string_view approximate) {
-  if (!gelu_uses_tanh("gelu_and_mul_backward", approximate)) {
-    const at::Tensor cdf = 0.5 * (1 + (x * M_SQRT1_2).erf());
-    const at::Tensor pdf = (-0.5 * x * x).exp() * (0.5 * M_2_SQRTPI * M_SQRT1_2);
-    return {x * cdf, cdf + x * pdf, pdf * (2 - x * x)};
-  }
-  constexpr double kTwoBeta = M_SQRT2 * M_2_SQRTPI, kKappa = GeluTanh::kKappa;
-  const at::Tensor x2 = x * x;
-  const at::Tensor s = (kTwoBeta * (x + kKappa * x2 * x)).sigmoid();
-  const at::Tensor slope = s * (1 - s);
-  const at::Tensor dw = kTwoBeta * (1 + 3 * kKappa * x2);
-  const at::Tensor ds = slope * dw;
-  const at::Tensor d2s = slope * ((1 - 2 * s) * dw * dw + (6 * kTwoBeta * kKappa) * x);
-  return {x * s, s + x * ds, 2 * ds + x * d2s};
-}
-
-// A Spec: the op's and its backward op's names, its graph nodes' names (grad_fn names, one per form:
-// compiled autograd binds each name once per process), and its activation's derivatives.
-struct SwigluSpec {
-  static constexpr const char* kOp = "myns::swiglu";
-  static constexpr const char* kBackwardOp = "myns::swiglu_backward";
-  static const char* node() { return "SwigluBackward"; }
-  static const char* backward_node() { return "SwigluBackwardBackward"; }
-  static ActDerivatives derivatives(const at::Tensor& x) { return silu_derivatives(x); }
-};
-
-struct GeluAndMulSpec {
-  static constexpr const char* kOp = "myns::gelu_and_mul";
-  static constexpr const char* kBackwardOp = "myns::gelu_and_mul_backward";
-  static const char* node(c10::string_view approximate) {
-    return approximate == "tanh" ? "GeluAndMulTanhBackward" : "GeluAndMulBackward";
-  }
-  static const char* backward_node(c10::string_view approximate) {
-    return approximate == "tanh" ? "GeluAndMulTanhBackwardBackward" : "GeluAndMulBackwardBackward";
-  }
-  static ActDerivatives derivatives(const at::Tensor& x, c10::string_view approximate) {
-    return gelu_derivatives(x, approximate);
-  }
-};
 
 // Extra arguments saved on a node (node->attrs) and read back in its formula.
 inline c10::IValue to_attr(c10::string_view s) { return c10::IValue(std::string(s)); }
@@ -104,19 +49,29 @@ at::Tensor add_terms(const at::Tensor& a, const at::Tensor& b) {
   return !a.defined() ? b : !b.defined() ? a : a + b;
 }
 
-template <typename Spec, typename... Extra>
-struct GatedAutograd {
+template <typename Row, typename Extra = typename Row::Extra>
+struct GatedAutograd;
+
+template <typename Row, typename... Extra>
+struct GatedAutograd<Row, ExtraArgs<Extra...>> {
   using Grads = std::tuple<at::Tensor, at::Tensor>;
   using Indices = std::index_sequence_for<Extra...>;
 
   static const auto& op() {
-    static const auto handle = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, Extra...)>(Spec::kOp);
+    static const auto handle = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, Extra...)>(
+        (std::string("myns::") + Row::kName).c_str());
     return handle;
   }
   static const auto& backward_op() {
-    static const auto handle =
-        find_op<Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&, Extra...)>(Spec::kBackwardOp);
+    static const auto handle = find_op<Grads(const at::Tensor&, const at::Tensor&, const at::Tensor&, Extra...)>(
+        (std::string("myns::") + Row::kBackwardName).c_str());
     return handle;
+  }
+
+  // The activation's derivatives at x for the form the extra arguments select.
+  static TensorDerivatives derivatives(const at::Tensor& x, Extra... extra) {
+    return Row::with_form(
+        Row::kBackwardName, [&](auto act, GatedNodes) { return decltype(act)::derivatives(x); }, extra...);
   }
 
   template <size_t... I>
@@ -125,9 +80,9 @@ struct GatedAutograd {
     return backward_op().call(g, x, u, from_attr<Extra>(attrs[I])...);
   }
   template <size_t... I>
-  static ActDerivatives derivatives(const at::Tensor& x, const std::vector<c10::IValue>& attrs,
-                                    std::index_sequence<I...>) {
-    return Spec::derivatives(x, from_attr<Extra>(attrs[I])...);
+  static TensorDerivatives saved_derivatives(const at::Tensor& x, const std::vector<c10::IValue>& attrs,
+                                             std::index_sequence<I...>) {
+    return derivatives(x, from_attr<Extra>(attrs[I])...);
   }
 
   static variable_list backward_formula(const BackwardContext& ctx, const variable_list& saved,
@@ -143,7 +98,7 @@ struct GatedAutograd {
     const at::Tensor &g = saved[0], &x = saved[1], &u = saved[2];
     const at::Tensor &a = grads[0], &b = grads[1];  // into grad_gate, grad_up (undefined when unused)
     if (!a.defined() && !b.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    const ActDerivatives f = derivatives(x, ctx.attrs, Indices{});
+    const TensorDerivatives f = saved_derivatives(x, ctx.attrs, Indices{});
     at::Tensor d_grad_out, d_gate, d_up;
     if (ctx.needs_input_grad(0)) {
       d_grad_out = add_terms(a.defined() ? a * u * f.df : at::Tensor(), b.defined() ? b * f.f : at::Tensor());
@@ -158,7 +113,8 @@ struct GatedAutograd {
   static at::Tensor forward(const at::Tensor& gate, const at::Tensor& up, Extra... extra) {
     OpNodePtr node;
     if (needs_grad(gate, up)) {
-      node = make_op_node(Spec::node(extra...), &backward_formula, {gate, up});
+      const GatedNodes nodes = Row::with_form(Row::kName, [](auto, GatedNodes n) { return n; }, extra...);
+      node = make_op_node(nodes.forward, &backward_formula, {gate, up});
       node->save({gate, up});
       node->attrs = {to_attr(extra)...};
     }
@@ -184,7 +140,8 @@ struct GatedAutograd {
   static Grads backward(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up, Extra... extra) {
     OpNodePtr node;
     if (needs_grad(grad_out, gate, up)) {
-      node = make_op_node(Spec::backward_node(extra...), &backward_backward_formula, {grad_out, gate, up});
+      const GatedNodes nodes = Row::with_form(Row::kBackwardName, [](auto, GatedNodes n) { return n; }, extra...);
+      node = make_op_node(nodes.backward, &backward_backward_formula, {grad_out, gate, up});
       node->save({grad_out, gate, up});
       node->attrs = {to_attr(extra)...};
     }
@@ -200,7 +157,7 @@ struct GatedAutograd {
       const at::Tensor g = forward_primal(grad_out), x = forward_primal(gate), u = forward_primal(up);
       const at::Tensor tg = grad_out._fw_grad(kForwardGradLevel), tx = gate._fw_grad(kForwardGradLevel),
                        tu = up._fw_grad(kForwardGradLevel);
-      const ActDerivatives f = Spec::derivatives(x, extra...);
+      const TensorDerivatives f = derivatives(x, extra...);
       at::Tensor t_gate = tg.defined() ? tg * u * f.df : at::Tensor();
       if (tu.defined()) t_gate = add_terms(t_gate, g * tu * f.df);
       if (tx.defined()) t_gate = add_terms(t_gate, g * u * f.d2f * tx);
@@ -213,16 +170,16 @@ struct GatedAutograd {
   }
 };
 
-using SwigluAutograd = GatedAutograd<SwigluSpec>;
-using GeluAndMulAutograd = GatedAutograd<GeluAndMulSpec, c10::string_view>;
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(myns, Autograd, m) {
-  m.impl("swiglu", &SwigluAutograd::forward);
-  m.impl("swiglu_backward", &SwigluAutograd::backward);
-  m.impl("gelu_and_mul", &GeluAndMulAutograd::forward);
-  m.impl("gelu_and_mul_backward", &GeluAndMulAutograd::backward);
+  std::apply(
+      [&m](auto... rows) {
+        ((m.impl(decltype(rows)::kName, &GatedAutograd<decltype(rows)>::forward),
+          m.impl(decltype(rows)::kBackwardName, &GatedAutograd<decltype(rows)>::backward)),
+         ...);
+      },
+      GatedFamily{});
 }
 
 }  // namespace torchops

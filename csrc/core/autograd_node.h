@@ -9,7 +9,7 @@
 // Use, in an Autograd-key kernel (see csrc/autograd/gated.cpp):
 //   OpNodePtr node;
 //   if (needs_grad(x, y)) {
-//     node = make_op_node("SwigluBackward", &swiglu_backward_formula, {x, y});  // the edges
+//     node = make_op_node("MyOpBackward", &my_op_backward_formula, {x, y});  // the edges
 //     node->save({x, y});
 //   }
 //   at::Tensor out = ...call the op below autograd...;

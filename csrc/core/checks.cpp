@@ -1,6 +1,7 @@
 #include "checks.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/native/Resize.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -277,6 +278,13 @@ void check_elementwise(const char* op, c10::ArrayRef<NamedTensor> tensors,
     check_same_shape(op, first, t);
   }
   check_dtype_in(op, first, allowed);
+}
+
+void check_and_resize_out(const char* op, NamedTensor out, NamedTensor like) {
+  check_defined(op, out);
+  check_same_device(op, like, out);
+  check_same_dtype(op, like, out);
+  at::native::resize_output(out.tensor, like.tensor.sizes());
 }
 
 void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<NamedTensor> inputs) {

@@ -39,6 +39,10 @@ void check_elementwise(const char* op, c10::ArrayRef<NamedTensor> tensors,
 // refused, saying so.
 void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<NamedTensor> inputs);
 
+// An out= tensor for a result like `like`: defined, of like's device and dtype, and resized to like's shape
+// the way torch's out= ops resize theirs (silently when empty, else with torch's deprecation warning).
+void check_and_resize_out(const char* op, NamedTensor out, NamedTensor like);
+
 // F.gelu's `approximate` argument: false for "none" (erf), true for "tanh"; anything else raises.
 bool gelu_uses_tanh(const char* op, c10::string_view approximate);
 

@@ -2,8 +2,8 @@
 // stored bits, for the CPU kernels' hot loops.
 //
 // Extensions are compiled for baseline x86-64 (like libtorch itself, which dispatches at run time), so
-// at::vec::Vectorized<Half/BFloat16> falls back to per-element software conversion there: ~20x slower
-// than torch for f16. These helpers are compiled for AVX2+FMA+F16C per function (target attribute) and
+// at::vec::Vectorized<Half/BFloat16> falls back to per-element software conversion there, far slower than
+// torch's own kernels for f16. These helpers are compiled for AVX2+FMA+F16C per function (target attribute) and
 // are only called after cpu_has_avx2() says the processor has them.
 #pragma once
 
@@ -222,11 +222,9 @@ struct Sigmoid8 {
 };
 
 // sigmoid8(x) for x holding the 8 values at `src`: computed for f32; for f16/bf16 looked up in a table by
-// their 16 bits (by_bits8). Measured on our CI's CPU (Zen 1, whose 128-bit FP units split every AVX2 op):
-// bf16 swiglu, one core, in cache, went from 2.95 to 2.0 ns per element forward and from 5.7 to 3.7-4.0
-// backward; exp8 + division is the bulk of the element's cost there. The bits are read straight from
-// `src` with scalar loads: a vgatherdps on indices shifted out of x cost twice as much on Zen 1 (a backward
-// element went from 3.0-3.5 to 1.6 ns in cache, one core, in a standalone loop of the bf16 backward).
+// their 16 bits (by_bits8): exp8 + division are the bulk of an element's cost, which the lookup saves. The
+// bits are read straight from `src` with scalar loads, cheaper than a vgatherdps on indices shifted out of x
+// where the processor splits 256-bit operations.
 template <typename T>
 TORCHOPS_TARGET_AVX2 inline __m256 sigmoid8_of(__m256 x, Lanes8<T> src) {
   return by_bits8<T, Sigmoid8>(x, src);

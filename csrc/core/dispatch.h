@@ -19,7 +19,7 @@
 // f16, bf16, f32, f64.
 #define TORCHOPS_FOR_EACH_FLOAT_DTYPE(F, ...) \
   F(at::kHalf, __VA_ARGS__) F(at::kBFloat16, __VA_ARGS__) F(at::kFloat, __VA_ARGS__) F(at::kDouble, __VA_ARGS__)
-// i32, i64: the integer elements (vector_add) and the CSR index dtypes (AT_DISPATCH_INDEX_TYPES's pair).
+// i32, i64: integer elements and sparse index dtypes (AT_DISPATCH_INDEX_TYPES's pair).
 #define TORCHOPS_FOR_EACH_INT_DTYPE(F, ...) F(at::kInt, __VA_ARGS__) F(at::kLong, __VA_ARGS__)
 #define TORCHOPS_FOR_EACH_FLOAT_AND_INT_DTYPE(F, ...) \
   TORCHOPS_FOR_EACH_FLOAT_DTYPE(F, __VA_ARGS__) TORCHOPS_FOR_EACH_INT_DTYPE(F, __VA_ARGS__)

@@ -153,33 +153,21 @@ void spmm_into(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& 
   });
 }
 
-// out (M x N) for arguments that passed check_csr_spmm_args; validates the structure (it reads the
-// indices), and makes the index tensors and values contiguous.
-at::Tensor spmm_cpu(const char* op, const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& values_in,
-                    const at::Tensor& dense_in) {
-  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
-  const int64_t M = crow.numel() - 1, N = dense_in.size(1);
-  check_csr_structure_cpu(op, crow, col, dense_in.size(0));
-  at::Tensor out = empty_dense_cpu({M, N}, values.scalar_type());
-  if (out.numel() == 0) return out;
-  spmm_into(crow, col, values, with_unit_column_stride(dense_in), out);
-  return out;
-}
-
-at::Tensor csr_spmm_cpu(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
-                        const at::Tensor& dense) {
-  check_csr_spmm_args("csr_spmm", crow, col, values, dense);
-  return spmm_cpu("csr_spmm", crow, col, values, dense);
-}
-
-at::Tensor csr_spmm_with_transpose_cpu(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
-                                       const at::Tensor& dense, const at::Tensor& t_crow, const at::Tensor& t_col,
-                                       const at::Tensor& t_perm) {
-  const char* op = "_csr_spmm_with_transpose";
-  check_csr_spmm_args(op, crow, col, values, dense);
-  check_csr_transpose_args(op, crow, col, dense, t_crow, t_col, t_perm);
-  return spmm_cpu(op, crow, col, values, dense);
-}
+// csr.h's CsrSpmmKernels on the CPU.
+struct CpuBackend {
+  // out (M x N) for arguments that passed check_csr_spmm_args; validates the structure (it reads the
+  // indices), and makes the index tensors and values contiguous.
+  static at::Tensor spmm(const char* op, const at::Tensor& crow_in, const at::Tensor& col_in,
+                         const at::Tensor& values_in, const at::Tensor& dense_in) {
+    const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
+    const int64_t M = crow.numel() - 1, N = dense_in.size(1);
+    check_csr_structure_cpu(op, crow, col, dense_in.size(0));
+    at::Tensor out = empty_dense_cpu({M, N}, values.scalar_type());
+    if (out.numel() == 0) return out;
+    spmm_into(crow, col, values, with_unit_column_stride(dense_in), out);
+    return out;
+  }
+};
 
 // -------------------------------------------------------------------------------------------------- sddmm
 
@@ -254,8 +242,7 @@ at::Tensor csr_sddmm_cpu(const at::Tensor& crow_in, const at::Tensor& col_in, co
 std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cpu(const at::Tensor& crow_in, const at::Tensor& col_in,
                                                                  int64_t K) {
   const char* op = "_csr_transpose";
-  check_csr_indices(op, {"crow_indices", crow_in}, {"col_indices", col_in}, {"crow_indices", crow_in});
-  TORCHOPS_CHECK(K >= 0, op, "K must be non-negative, got ", K);
+  check_csr_transpose_input(op, crow_in, col_in, K);
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
   check_csr_structure_cpu(op, crow, col, K);
   const int64_t M = crow.numel() - 1, nnz = col.numel();
@@ -286,8 +273,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cpu(const at::Tenso
 }  // namespace
 
 TORCH_LIBRARY_IMPL(myns, CPU, m) {
-  m.impl("csr_spmm", &csr_spmm_cpu);
-  m.impl("_csr_spmm_with_transpose", &csr_spmm_with_transpose_cpu);
+  CsrSpmmKernels<CpuBackend>::register_kernels(m);
   m.impl("_csr_sddmm", &csr_sddmm_cpu);
   m.impl("_csr_transpose", &csr_transpose_cpu);
 }

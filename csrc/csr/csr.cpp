@@ -96,6 +96,11 @@ void check_csr_sddmm_args(const char* op, const at::Tensor& crow, const at::Tens
                  dense.size(1));
 }
 
+void check_csr_transpose_input(const char* op, const at::Tensor& crow, const at::Tensor& col, int64_t K) {
+  check_csr_indices(op, {"crow_indices", crow}, {"col_indices", col}, {"crow_indices", crow});
+  TORCHOPS_CHECK(K >= 0, op, "K must be non-negative, got ", K);
+}
+
 void check_csr_transpose_args(const char* op, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& dense,
                               const at::Tensor& t_crow, const at::Tensor& t_col, const at::Tensor& t_perm) {
   const NamedTensor c{"crow_indices", crow}, tc{"t_crow_indices", t_crow}, tk{"t_col_indices", t_col},

@@ -1,8 +1,9 @@
-// Shared by the csr_* ops (csr_spmm and its backward helpers), CPU and CUDA alike: argument checks
-// (messages mirrored in meta_kernels/csr_spmm.py) and the CPU-side validation of a CSR structure.
+// Shared by the sparse ops, CPU and CUDA alike: argument checks (messages from meta_kernels/_checks.py's
+// table), the CPU-side validation of a CSR structure, and the sparse x dense product's front half.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include "../core/checks.h"
 
@@ -23,6 +24,9 @@ void check_csr_spmm_args(const char* op, const at::Tensor& crow, const at::Tenso
 void check_csr_sddmm_args(const char* op, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& grad_out,
                           const at::Tensor& dense);
 
+// _csr_transpose(crow_indices, col_indices, K): the indices, and K >= 0.
+void check_csr_transpose_input(const char* op, const at::Tensor& crow, const at::Tensor& col, int64_t K);
+
 // The transpose handed to _csr_spmm_with_transpose: metadata only (backward, which uses it, validates it
 // like any csr_spmm input).
 void check_csr_transpose_args(const char* op, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& dense,
@@ -40,5 +44,30 @@ at::Tensor with_unit_column_stride(const at::Tensor& t);
 inline int64_t row_stride(const at::Tensor& t) {
   return t.size(0) <= 1 ? t.size(1) : t.stride(0);
 }
+
+// csr_spmm's and _csr_spmm_with_transpose's kernels on a backend: the checks, then the backend's product
+// `static at::Tensor spmm(const char* op, crow, col, values, dense)` (the transpose serves autograd only).
+template <typename Backend>
+struct CsrSpmmKernels {
+  static at::Tensor csr_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                             const at::Tensor& dense) {
+    check_csr_spmm_args("csr_spmm", crow, col, values, dense);
+    return Backend::spmm("csr_spmm", crow, col, values, dense);
+  }
+
+  static at::Tensor with_transpose(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
+                                   const at::Tensor& dense, const at::Tensor& t_crow, const at::Tensor& t_col,
+                                   const at::Tensor& t_perm) {
+    const char* op = "_csr_spmm_with_transpose";
+    check_csr_spmm_args(op, crow, col, values, dense);
+    check_csr_transpose_args(op, crow, col, dense, t_crow, t_col, t_perm);
+    return Backend::spmm(op, crow, col, values, dense);
+  }
+
+  static void register_kernels(torch::Library& m) {
+    m.impl("csr_spmm", &csr_spmm);
+    m.impl("_csr_spmm_with_transpose", &with_transpose);
+  }
+};
 
 }  // namespace torchops

@@ -1,5 +1,5 @@
-// CUDA pieces shared by the csr_* kernels (cuda/csr_spmm.cu, cuda/csr_spmm_backward.cu): the merge-path
-// partition of a CSR matrix into equal-sized units of work, and the per-lane column layout.
+// CUDA pieces shared by the sparse kernels: the merge-path partition of a CSR matrix into equal-sized units
+// of work, and the per-lane column layout.
 //
 // Merge path (Merrill & Garland, "Merge-based parallel sparse matrix-vector multiplication", SC'16): the
 // M row ends and the nnz nonzeros form M + nnz "items"; unit u takes items [u D, (u + 1) D). A binary
@@ -10,6 +10,7 @@
 // cannot make a kernel read or write out of bounds or run forever; the result is then unspecified.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +23,26 @@
 
 namespace torchops {
 namespace cuda {
+
+// What every merge-path kernel reads of its CSR matrix and partition; a kernel's arguments derive from it.
+template <typename Index>
+struct MergePathArgs {
+  const Index* crow;
+  const Index* col;
+  int64_t M, K, N, nnz;     // A is M x K with nnz nonzeros; the dense side has N columns
+  int64_t per_unit, units;  // the partition (merge_partition)
+
+  // A's contiguous index tensors, and the dense side's K x N shape.
+  void set_matrix(const at::Tensor& crow_indices, const at::Tensor& col_indices, int64_t dense_rows,
+                  int64_t dense_columns) {
+    crow = crow_indices.const_data_ptr<Index>();
+    col = col_indices.const_data_ptr<Index>();
+    M = crow_indices.numel() - 1;
+    nnz = col_indices.numel();
+    K = dense_rows;
+    N = dense_columns;
+  }
+};
 
 struct MergeCoord {
   int64_t row;  // rows [0, row) have ended
@@ -42,10 +63,9 @@ __device__ __forceinline__ int64_t clamped_offset(const Index* crow, int64_t i, 
 // the same in every lane). Row r lies before diagonal d's point while crow[r + 1] + r + 1 <= d, so each
 // diagonal's point is the first r in [lo, hi) where that fails (hi if none). Lanes 0-15 search d0 and lanes
 // 16-31 d1, 16-ary: per round each lane probes the last row of one of 16 equal segments and a ballot picks
-// the first segment holding the point, so ~log16(M) dependent loads instead of log2(M): with 64-item units
-// the forward on arxiv-like (169k rows) went from 0.71-0.80x cuSPARSE to 0.74-0.91x (H200, f32, one run,
-// against two interleaved per-lane binary searches). Every round shrinks each range, whatever
-// the (unvalidated) crow values, so the loop ends and the point stays in [lo, hi].
+// the first segment holding the point, so ~log16(M) dependent loads instead of log2(M), which short units
+// feel. Every round shrinks each range, whatever the (unvalidated) crow values, so the loop ends and the
+// point stays in [lo, hi].
 template <typename Index>
 __device__ __forceinline__ void merge_path_search(const Index* crow, int64_t M, int64_t nnz, int64_t d0,
                                                   int64_t d1, MergeCoord& c0, MergeCoord& c1) {
@@ -100,9 +120,7 @@ __device__ __forceinline__ int64_t unit_row_end(const Index* crow, int64_t r, in
 // wave 40% full costs as much as a full one. First a size for about kWavesPerLaunch waves per column tile,
 // at least kMinItems (every unit pays its searches and, short rows or not, a carry row of N values) and at
 // most kMaxItems (bounds the carry buffer); then the items are spread evenly over the whole waves they
-// fill, at least one. On the H200 (f32, one run, forward against cuSPARSE) this took arxiv-like (169k rows,
-// 7 nonzeros each: 1.47 waves of 192-item units before) from 0.94-1.06x to 1.10-1.22x over N = 32..512,
-// and the power-law geomean from 1.22x to 1.31x.
+// fill, at least one, so no launch ends on a nearly empty wave.
 struct MergePartition {
   int64_t per_unit;
   int64_t units;
@@ -113,8 +131,6 @@ inline MergePartition merge_partition(int64_t M, int64_t nnz, int64_t column_til
   constexpr int64_t kMinItems = 192, kMaxItems = 8192;
   // Spreading less than one wave of work over a whole wave shrinks units, but not below this: a small
   // matrix is not cut into thousands of near-empty units, each with its searches and an N-wide carry row.
-  // (arxiv-like/4, 42k rows, less than a wave at 192 items, ran its forward at 0.89-1.08x cuSPARSE spread
-  // over one wave, up from 0.73-0.89x; H200, f32. The floor is below every unit size measured there.)
   constexpr int64_t kMinSpreadItems = 64;
   const int64_t items = M + nnz, tiles = std::max<int64_t>(column_tiles, 1);
   const int64_t wave = std::max<int64_t>(resident_warps, 1);  // units of all tiles running at once

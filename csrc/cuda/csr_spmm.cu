@@ -41,15 +41,12 @@ namespace {
 using namespace torchops::cuda;
 
 template <typename T, typename Index>
-struct SpmmArgs {
-  const Index* crow;
-  const Index* col;
+struct SpmmArgs : MergePathArgs<Index> {
   const T* val;
   const T* dense;  // K rows of N, row stride ld, unit column stride
   int64_t ld;
   T* out;  // M x N, dense
-  int64_t M, K, N, nnz;
-  int64_t per_unit, units, column_tiles;
+  int64_t column_tiles;
   opmath_t<T>* carry;  // units x N
   int64_t* carry_row;  // units: the row a unit's carry belongs to, or -1
   opmath_t<T>* head;   // units x N, 16-bit T only (else null): unit u > 0's part of row start.row when it ends there
@@ -68,8 +65,8 @@ __device__ __forceinline__ void sum_over_groups(Acc (&acc)[V]) {
 // G lanes per nonzero: a group of G lanes spans one column tile of G vectors of V columns, and the warp's
 // 32 / G groups take 32 / G consecutive nonzeros at once (G < 32: narrow N, where one nonzero per warp
 // would leave most lanes idle and pay every shuffle and index computation per 32 V columns).
-// (Tried on the H200: gathering a whole chunk of nonzeros across row boundaries before accumulating
-// needed ~110 registers instead of ~60, and the lost occupancy made every graph 1.3-2x slower.)
+// (Gathering a whole chunk of nonzeros across row boundaries before accumulating nearly doubles the
+// registers, and the occupancy lost costs more than the gathering saves.)
 template <typename T, typename Index, int V, int G>
 __global__ void __launch_bounds__(kWarpBlockThreads) csr_spmm_kernel(const SpmmArgs<T, Index> a) {
   using acc_t = opmath_t<T>;
@@ -252,10 +249,8 @@ void launch_config(SpmmArgs<T, Index> a, const at::Tensor& like, cudaStream_t st
 // vectors per lane: fewer registers (more warps in flight), and each tile's units gather only the tile's
 // slice of `dense`, more of which stays in L2 while they run. Long rows (kLongRows nonzeros on average) take
 // narrower tiles while a tile's slice (K rows of G 16-byte vectors) is over kL2Share of the L2: each tile
-// then re-reads the indices and pays the per-row work again, which rows that long amortize. On the H200
-// (f32 forward against cuSPARSE, one run) this took proteins-like at N = 128..512 from 0.96-1.06x to
-// 1.11-1.16x and reddit-like from 1.08-1.09x to 1.27-1.35x; shares of 40% and 100% did worse, and also
-// narrowing the uniform graph's tiles (59 nonzeros per row) cost it 12% at N = 512.
+// then re-reads the indices and pays the per-row work again, which rows that long amortize (shorter rows,
+// as in a uniform graph, lose more than they gain).
 constexpr int64_t kLongRows = 128;
 constexpr double kL2Share = 0.7;
 
@@ -291,55 +286,37 @@ void launch_spmm(SpmmArgs<T, Index> a, int v, const at::Tensor& like, cudaStream
   });
 }
 
-// out (M x N) for arguments that passed check_csr_spmm_args.
-at::Tensor spmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& values_in,
-                     const at::Tensor& dense_in) {
-  const c10::cuda::CUDAGuard device_guard(values_in.device());
-  const int64_t M = crow_in.numel() - 1, K = dense_in.size(0), N = dense_in.size(1);
-  at::Tensor out = empty_dense_cuda({M, N}, values_in.scalar_type(), values_in.device());
-  if (out.numel() == 0) return out;
-  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
-  const at::Tensor dense = with_unit_column_stride(dense_in);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_spmm_cuda", [&] {
-    TORCHOPS_DISPATCH_FLOAT_TYPES(values.scalar_type(), "csr_spmm_cuda", [&] {
-      SpmmArgs<scalar_t, index_t> a{};
-      a.crow = crow.const_data_ptr<index_t>();
-      a.col = col.const_data_ptr<index_t>();
-      a.val = values.const_data_ptr<scalar_t>();
-      a.dense = dense.const_data_ptr<scalar_t>();
-      a.ld = row_stride(dense);
-      a.out = out.mutable_data_ptr<scalar_t>();
-      a.M = M;
-      a.K = K;
-      a.N = N;
-      a.nnz = col.numel();
-      launch_spmm(a, widest_vector_size<scalar_t>(N, a.ld, a.dense), out, stream);
+// csr.h's CsrSpmmKernels on CUDA.
+struct CudaBackend {
+  // out (M x N) for arguments that passed check_csr_spmm_args; never reads the indices on the host.
+  static at::Tensor spmm(const char* /*op*/, const at::Tensor& crow_in, const at::Tensor& col_in,
+                         const at::Tensor& values_in, const at::Tensor& dense_in) {
+    const c10::cuda::CUDAGuard device_guard(values_in.device());
+    const int64_t M = crow_in.numel() - 1, K = dense_in.size(0), N = dense_in.size(1);
+    at::Tensor out = empty_dense_cuda({M, N}, values_in.scalar_type(), values_in.device());
+    if (out.numel() == 0) return out;
+    const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous(), values = values_in.contiguous();
+    const at::Tensor dense = with_unit_column_stride(dense_in);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_spmm_cuda", [&] {
+      TORCHOPS_DISPATCH_FLOAT_TYPES(values.scalar_type(), "csr_spmm_cuda", [&] {
+        SpmmArgs<scalar_t, index_t> a{};
+        a.set_matrix(crow, col, K, N);
+        a.val = values.const_data_ptr<scalar_t>();
+        a.dense = dense.const_data_ptr<scalar_t>();
+        a.ld = row_stride(dense);
+        a.out = out.mutable_data_ptr<scalar_t>();
+        launch_spmm(a, widest_vector_size<scalar_t>(N, a.ld, a.dense), out, stream);
+      });
     });
-  });
-  return out;
-}
-
-at::Tensor csr_spmm_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
-                         const at::Tensor& dense) {
-  check_csr_spmm_args("csr_spmm", crow, col, values, dense);
-  return spmm_cuda(crow, col, values, dense);
-}
-
-at::Tensor csr_spmm_with_transpose_cuda(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
-                                        const at::Tensor& dense, const at::Tensor& t_crow, const at::Tensor& t_col,
-                                        const at::Tensor& t_perm) {
-  const char* op = "_csr_spmm_with_transpose";
-  check_csr_spmm_args(op, crow, col, values, dense);
-  check_csr_transpose_args(op, crow, col, dense, t_crow, t_col, t_perm);
-  return spmm_cuda(crow, col, values, dense);
-}
+    return out;
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(myns, CUDA, m) {
-  m.impl("csr_spmm", &csr_spmm_cuda);
-  m.impl("_csr_spmm_with_transpose", &csr_spmm_with_transpose_cuda);
+  CsrSpmmKernels<CudaBackend>::register_kernels(m);
 }
 
 }  // namespace torchops

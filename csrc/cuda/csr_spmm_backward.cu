@@ -34,16 +34,12 @@ using namespace torchops::cuda;
 // ------------------------------------------------------------------------------------------------- sddmm
 
 template <typename T, typename Index>
-struct SddmmArgs {
-  const Index* crow;
-  const Index* col;
+struct SddmmArgs : MergePathArgs<Index> {
   const T* a;  // grad_out: M rows of N, row stride lda
   int64_t lda;
   const T* b;  // dense: K rows of N, row stride ldb
   int64_t ldb;
   T* out;  // nnz
-  int64_t M, K, N, nnz;
-  int64_t per_unit, units;
 };
 
 template <typename T, typename Index, int V>
@@ -156,17 +152,12 @@ at::Tensor csr_sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, c
   TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_sddmm_cuda", [&] {
     TORCHOPS_DISPATCH_FLOAT_TYPES(out.scalar_type(), "csr_sddmm_cuda", [&] {
       SddmmArgs<scalar_t, index_t> s{};
-      s.crow = crow.const_data_ptr<index_t>();
-      s.col = col.const_data_ptr<index_t>();
+      s.set_matrix(crow, col, K, N);
       s.a = a.const_data_ptr<scalar_t>();
       s.lda = row_stride(a);
       s.b = b.const_data_ptr<scalar_t>();
       s.ldb = row_stride(b);
       s.out = out.mutable_data_ptr<scalar_t>();
-      s.M = M;
-      s.K = K;
-      s.N = N;
-      s.nnz = nnz;
       const int v = std::min(lane_vector_size<scalar_t>(N, s.lda, s.a), lane_vector_size<scalar_t>(N, s.ldb, s.b));
       with_vector_size<scalar_t>(v, [&](auto vector) {
         launch_sddmm_config<scalar_t, index_t, decltype(vector)::value>(s, out.get_device(), stream);
@@ -240,8 +231,7 @@ void transpose_into(const at::Tensor& crow, const at::Tensor& col, int64_t K, co
 std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cuda(const at::Tensor& crow_in, const at::Tensor& col_in,
                                                                   int64_t K) {
   const char* op = "_csr_transpose";
-  check_csr_indices(op, {"crow_indices", crow_in}, {"col_indices", col_in}, {"crow_indices", crow_in});
-  TORCHOPS_CHECK(K >= 0, op, "K must be non-negative, got ", K);
+  check_csr_transpose_input(op, crow_in, col_in, K);
   const c10::cuda::CUDAGuard device_guard(crow_in.device());
   const int64_t nnz = col_in.numel();
   const auto dtype = crow_in.scalar_type();

@@ -1,18 +1,20 @@
-// The elementwise functors run by the engines (cpu_elementwise.h, cuda_elementwise.cuh), shared by the CPU
-// and CUDA kernels, and the gated-activation family built from them.
+// The math of the elementwise ops, shared by the CPU and CUDA engines (cpu_elementwise.h,
+// cuda_elementwise.cuh): their functors, and the rows that make ops of them (elementwise.h and gated.h turn
+// a row into kernels, autograd/gated.cpp a gated row into autograd).
 //
-// A functor has kIn inputs, kOut outputs and a scalar `operator()(const A (&x)[kIn], A (&y)[kOut])` on the
-// op-math type A (f32 for f16/bf16/f32 storage, the type itself otherwise), so 16-bit inputs are computed
-// in f32; on the CPU it may add an 8-lane f32 form `vec8` (cpu_elementwise.h) that the engine then uses.
+// A functor derives from ElementwiseFunctor (the engines' settings, which it may override) and has kIn
+// inputs, kOut outputs and a scalar `operator()(const A (&x)[kIn], A (&y)[kOut])` on the op-math type A (f32
+// for f16/bf16/f32 storage, the type itself otherwise), so 16-bit inputs are computed in f32; on the CPU it
+// may add an 8-lane f32 form `vec8` (cpu_elementwise.h) that the engine then uses.
 //
 // Gated activations: op(gate, up) = act(gate) * up, backward (grad_out, gate, up) -> (grad_out * up *
 // act'(gate), grad_out * act(gate)). An activation is a struct with
 //   template <bool kFast, typename A> static A value(A x);                              act(x)
 //   template <bool kFast, typename A> static void value_and_derivative(A x, A& f, A& df);  act(x), act'(x)
+//   static TensorDerivatives derivatives(const at::Tensor& x);   act, act', act'' in ATen ops, for autograd
 // (kFast: fast exp/reciprocal allowed, CUDA with 16-bit storage only, where rounding hides them) and,
 // optionally, on x86-64 the 8-lane forms value8 / value_and_derivative8 (T: the storage type the lanes were
-// loaded from, src: where, for lookups by stored bits). A new gated activation is one such struct here plus
-// its registration rows (see README "Adding an op").
+// loaded from, src: where, for lookups by stored bits). A gated op is then a row at the end of this file.
 //
 // Large |x| never produces inf/inf or inf*0 where the true value is finite: sigmoid is 1 / (1 + exp(-x)),
 // which is exactly 0 once exp(-x) overflows (x*0 = -0 for silu(-1e4)) and 1 once it underflows; the
@@ -21,10 +23,17 @@
 // derivatives at +-inf for gelu), as torch's own kernels do.
 #pragma once
 
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
+#include <c10/util/string_view.h>
 
 #include <cmath>
+#include <cstdint>
+#include <tuple>
 #include <type_traits>
+
+#include "../core/checks.h"
 
 #if !defined(__CUDACC__)
 #include "../core/cpu_avx2.h"
@@ -32,10 +41,28 @@
 
 namespace torchops {
 
+// The engines' settings; a functor derives from this and overrides what it needs.
+struct ElementwiseFunctor {
+  // Integer dtypes too (core/dispatch.h's float and int lists), else the float list.
+  static constexpr bool kIntegers = false;
+  // CPU: elements per task; with a transcendental function per element, small tasks pay for their hand-off.
+  static constexpr int64_t kCpuGrainSize = 16384;
+  // CUDA, 1-D and rows paths: 16-byte vectors of each operand per thread. One keeps the gated kernels'
+  // registers low enough for full occupancy.
+  static constexpr int kVectorsPerThread = 1;
+  // CUDA, tiled path: resident blocks per SM, which caps the registers (65536 / (256 threads x blocks)).
+  // 3 (85 registers) is where no gated kernel spills; 16-bit gated kernels spilled at 4.
+  static constexpr int kTileBlocksPerSM = 3;
+};
+
+// An activation and its first two derivatives, as tensors.
+struct TensorDerivatives {
+  at::Tensor f, df, d2f;
+};
+
 // kFastExp: __expf and a fast reciprocal, for 16-bit storage only. Their error (~25 f32 ulp at |x| = 20,
 // < 2^-17 relative up to |x| = 88) is far below half an f16/bf16 ulp, so the rounded result stays within
-// 1 ulp; and with 6 bytes moved per element the accurate expf + correctly rounded 1/x left the bf16
-// kernels ALU-bound on the H200 (~90% of copy bandwidth against ~103% for f32).
+// 1 ulp; with 16-bit elements the accurate forms made the kernels compute-bound, not memory-bound.
 template <bool kFastExp = false, typename A>
 C10_HOST_DEVICE inline A sigmoid(A x) {
 #if defined(__CUDA_ARCH__)
@@ -114,6 +141,12 @@ struct Silu {
     f = x * s;
     df = s * (A(1) + x * (A(1) - s));
   }
+  // silu, silu' and silu'' = s (1 - s) (2 + x (1 - 2 s)) on tensors, for autograd's double backward.
+  static TensorDerivatives derivatives(const at::Tensor& x) {
+    const at::Tensor s = x.sigmoid();
+    const at::Tensor one_minus_s = 1 - s;
+    return {x * s, s * (1 + x * one_minus_s), s * one_minus_s * (2 + x * (1 - 2 * s))};
+  }
 #ifdef TORCHOPS_HAS_AVX2_PATH
   // 16-bit gates look their sigmoid up by their stored bits (sigmoid8_of).
   template <typename T>
@@ -143,6 +176,12 @@ struct GeluErf {
     const A pdf = exp_of<kFast>(A(-0.5) * x * x) * A(0.5 * M_2_SQRTPI * M_SQRT1_2);
     f = x * cdf;
     df = cdf + x * pdf;
+  }
+  // gelu, gelu' = Phi + x phi and gelu'' = phi (2 - x^2) on tensors, for autograd's double backward.
+  static TensorDerivatives derivatives(const at::Tensor& x) {
+    const at::Tensor cdf = 0.5 * (1 + (x * M_SQRT1_2).erf());
+    const at::Tensor pdf = (-0.5 * x * x).exp() * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+    return {x * cdf, cdf + x * pdf, pdf * (2 - x * x)};
   }
 #ifdef TORCHOPS_HAS_AVX2_PATH
   struct Value8 {
@@ -209,6 +248,18 @@ struct GeluTanh {
     f = x * s;
     df = s + (slope == A(0) ? x * A(0) : x * (slope * (A(2 * kBeta) * (A(1) + A(3 * kKappa) * x * x))));
   }
+  // On tensors, for autograd's double backward: with s' = s (1 - s) w' and s'' = s (1 - s) ((1 - 2 s) w'^2 +
+  // w''), gelu' = s + x s' and gelu'' = 2 s' + x s''.
+  static TensorDerivatives derivatives(const at::Tensor& x) {
+    constexpr double kTwoBeta = 2 * kBeta;
+    const at::Tensor x2 = x * x;
+    const at::Tensor s = (kTwoBeta * (x + kKappa * x2 * x)).sigmoid();
+    const at::Tensor slope = s * (1 - s);
+    const at::Tensor dw = kTwoBeta * (1 + 3 * kKappa * x2);
+    const at::Tensor ds = slope * dw;
+    const at::Tensor d2s = slope * ((1 - 2 * s) * dw * dw + (6 * kTwoBeta * kKappa) * x);
+    return {x * s, s + x * ds, 2 * ds + x * d2s};
+  }
 #ifdef TORCHOPS_HAS_AVX2_PATH
   TORCHOPS_TARGET_AVX2 static __m256 two_u8(__m256 x) {
     const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
@@ -253,7 +304,7 @@ struct GeluTanh {
 
 // (gate, up) -> act(gate) * up.
 template <typename Act, bool kFast = false>
-struct GatedForward {
+struct GatedForward : ElementwiseFunctor {
   static constexpr int kIn = 2;
   static constexpr int kOut = 1;
 
@@ -273,7 +324,7 @@ struct GatedForward {
 
 // (grad_out, gate, up) -> (grad_gate, grad_up) = (grad_out * up * act'(gate), grad_out * act(gate)).
 template <typename Act, bool kFast = false>
-struct GatedBackward {
+struct GatedBackward : ElementwiseFunctor {
   static constexpr int kIn = 3;
   static constexpr int kOut = 2;
 
@@ -299,13 +350,14 @@ struct GatedBackward {
 
 // --------------------------------------------------------------------------------------------- add
 
-// vector_add: (a, b) -> a + b, for floats (in the op-math type) and integers.
-struct Add {
+// (a, b) -> a + b, for floats (in the op-math type) and integers.
+struct Add : ElementwiseFunctor {
   static constexpr int kIn = 2;
   static constexpr int kOut = 1;
-  // CUDA: two 16-byte vectors of each operand in flight per thread (measured best for a pure stream,
-  // ~104% of copy; benchmarks/history/tuning/vector_add_variants.cu), and the tiled kernel at 6 blocks an
-  // SM (1.33x / 1.49x bf16 / f32 the speed at 1 block; benchmarks/history/tuning/tiled_variants.cu).
+  static constexpr bool kIntegers = true;
+  // A pure stream: larger CPU tasks, and on CUDA two vectors in flight per thread and more resident tile
+  // blocks, hide memory latency best.
+  static constexpr int64_t kCpuGrainSize = 32768;
   static constexpr int kVectorsPerThread = 2;
   static constexpr int kTileBlocksPerSM = 6;
 
@@ -320,5 +372,56 @@ struct Add {
   }
 #endif
 };
+
+// -------------------------------------------------------------------------------------------------- rows
+// An op is a row: its schemas' names and its functor (a binary op: elementwise.h's BinaryKernels) or its
+// activations (a gated op: gated.h's GatedKernels, autograd/gated.cpp's GatedAutograd).
+
+// op(a, b) -> a new tensor, and op_out(a, b, out).
+struct VectorAdd {
+  static constexpr const char* kName = "vector_add";
+  static constexpr const char* kOutName = "vector_add_out";
+  using Op = Add;
+};
+
+// The schema arguments of a gated op after its tensors, which select its form.
+template <typename... T>
+struct ExtraArgs {};
+
+// The grad_fn names of one form of a gated op: its node and its backward op's node (one name per formula:
+// compiled autograd binds each name once per process).
+struct GatedNodes {
+  const char* forward;
+  const char* backward;
+};
+
+// A gated op: kName and kBackwardName name its schemas, Extra their arguments after the tensors, and
+// with_form(op, fn, extra...) returns fn(Act{}, GatedNodes{...}) for the activation the arguments select,
+// raising under `op`'s name for a value no form has.
+struct Swiglu {
+  static constexpr const char* kName = "swiglu";
+  static constexpr const char* kBackwardName = "swiglu_backward";
+  using Extra = ExtraArgs<>;
+  template <typename Fn>
+  static decltype(auto) with_form(const char* /*op*/, Fn&& fn) {
+    return fn(Silu{}, GatedNodes{"SwigluBackward", "SwigluBackwardBackward"});
+  }
+};
+
+struct GeluAndMul {
+  static constexpr const char* kName = "gelu_and_mul";
+  static constexpr const char* kBackwardName = "gelu_and_mul_backward";
+  using Extra = ExtraArgs<c10::string_view>;  // approximate: "none" (erf) or "tanh"
+  template <typename Fn>
+  static decltype(auto) with_form(const char* op, Fn&& fn, c10::string_view approximate) {
+    if (gelu_uses_tanh(op, approximate)) {
+      return fn(GeluTanh{}, GatedNodes{"GeluAndMulTanhBackward", "GeluAndMulTanhBackwardBackward"});
+    }
+    return fn(GeluErf{}, GatedNodes{"GeluAndMulBackward", "GeluAndMulBackwardBackward"});
+  }
+};
+
+// Every gated op: their CPU, CUDA and Autograd kernels are registered from this list.
+using GatedFamily = std::tuple<Swiglu, GeluAndMul>;
 
 }  // namespace torchops

@@ -1,11 +1,13 @@
-// The CPU elementwise engine: every elementwise op (vector_add, swiglu, gelu_and_mul and their backwards)
-// is a functor run by `elementwise_kernel` over operands (outs..., ins...) of one shape (elementwise.h
-// builds them): outputs dense or any out= layout, inputs with any strides. The collapsed layout is split
-// across cores with at::parallel_for and walked run by run (for_each_run), so rows with a row stride and a
-// contiguous last dim (the halves of x.chunk(2, -1)) stream through the vector loop without copies.
+// The CPU elementwise engine: a functor run by `elementwise_kernel` over operands (outs..., ins...) of one
+// shape (elementwise.h builds them): outputs dense or any out= layout, inputs with any strides. The
+// collapsed layout is split across cores with at::parallel_for (Op::kCpuGrainSize elements a task) and
+// walked run by run (for_each_run), so rows with a row stride and a contiguous last dim (the halves of
+// x.chunk(2, -1)) stream through the vector loop without copies. `Backend` at the end is the engine's CPU
+// backend for elementwise.h.
 //
-// An Op is a struct with kIn, kOut and a scalar `operator()(const A (&x)[kIn], A (&y)[kOut])` on the
-// op-math type A (opmath_t: f32 for 16-bit floats, the type itself otherwise). On x86-64 it may also have
+// An Op is a functor (activations.h) with kIn, kOut and a scalar `operator()(const A (&x)[kIn], A
+// (&y)[kOut])` on the op-math type A (opmath_t: f32 for 16-bit floats, the type itself otherwise). On x86-64
+// it may also have
 //   template <typename T>
 //   TORCHOPS_TARGET_AVX2 static void vec8(const __m256 (&x)[kIn], const Lanes8<T> (&src)[kIn], __m256 (&y)[kOut]);
 // (T: the storage type the lanes were loaded from, src: where from, for ops that want the stored bits),
@@ -22,8 +24,9 @@
 
 #include "../core/cpu_avx2.h"
 #include "../core/dispatch.h"
-#include "elementwise.h"
+#include "../core/empty.h"
 #include "../core/strided.h"
+#include "elementwise.h"
 
 namespace torchops {
 namespace cpu {
@@ -66,7 +69,7 @@ constexpr bool kHasVec8<Op, T,
 
 // The loops below copy a run's pointers and strides into locals first: stores through the outputs (and
 // through the vector intrinsics' may-alias types) could otherwise alias the Run and force a reload of every
-// pointer on every iteration (measured: vector_add 15-35% slower on 1-D and strided runs).
+// pointer on every iteration.
 template <typename T, typename Op>
 __attribute__((always_inline)) inline void scalar_elements(const Run<T, Op::kIn, Op::kOut>& r, int64_t n) {
   using A = opmath_t<T>;
@@ -184,8 +187,9 @@ void run_elementwise(const Run<T, Op::kIn, Op::kOut>& r, int64_t n) {
 // operands = (outs..., ins...): outs[k] = Op(ins...) elementwise over the common shape; `name` names the op
 // in errors. An out= output may alias an input exactly: each element is read before it is written.
 template <typename T, typename Op>
-void elementwise_kernel(const char* name, const Operands<Op::kOut, Op::kIn>& operands, int64_t grain_size) {
+void elementwise_kernel(const char* name, const Operands<Op::kOut, Op::kIn>& operands) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
+  constexpr int64_t grain_size = Op::kCpuGrainSize;
   const auto layout = collapse_layout<kIn + kOut>(name, operands);
   Run<T, kIn, kOut> base;
   for (int k = 0; k < kOut; ++k) {
@@ -214,6 +218,17 @@ void elementwise_kernel(const char* name, const Operands<Op::kOut, Op::kIn>& ope
     });
   });
 }
+
+// The engine's CPU backend (elementwise.h).
+struct Backend {
+  static at::Tensor empty_like_dense(const at::Tensor& like) { return empty_like_dense_cpu(like); }
+
+  template <typename Op>
+  static void run(const char* op, const Operands<Op::kOut, Op::kIn>& operands) {
+    dispatch_elementwise<Op>(operands[0].scalar_type(),
+                             [&](auto zero) { elementwise_kernel<decltype(zero), Op>(op, operands); });
+  }
+};
 
 }  // namespace cpu
 }  // namespace torchops

@@ -1,7 +1,7 @@
-// The CUDA elementwise engine: every elementwise op (vector_add, swiglu, gelu_and_mul and their backwards)
-// is a functor of activations.h (kIn, kOut, a __host__ __device__ operator() on the op-math type, so 16-bit
-// values are computed in f32) run by `elementwise_kernel` over operands (outs..., ins...) of one shape
-// (elementwise.h builds them): outputs new dense tensors or an out= tensor, inputs with any strides.
+// The CUDA elementwise engine: a functor (activations.h: kIn, kOut, a __host__ __device__ operator() on the
+// op-math type, so 16-bit values are computed in f32) run by `elementwise_kernel` over operands (outs...,
+// ins...) of one shape (elementwise.h builds them): outputs new dense tensors or an out= tensor, inputs with
+// any strides. `Backend` at the end is the engine's CUDA backend for elementwise.h.
 //
 // Four paths, picked from the collapsed layout of the operands:
 //   1-D     - one dimension after merging, outputs dense: 16-byte vector stores (the first elements up to
@@ -16,12 +16,14 @@
 //             (64x64 for 16-bit types) of each such input staged in shared memory, so its reads and the
 //             outputs' writes are both coalesced;
 //   strided - anything else: per-element offsets (OffsetCalculator).
-// Vectors (1-D, rows) or elements (strided) per thread: Op::kVectorsPerThread when the functor sets it
-// (vector_add: 2), else 1; the strided path takes kElementwiseUnroll. Index math is 32-bit below
-// max_32bit_work, 64-bit past it (tensors of ~2^31 vectors or elements).
+// Vectors (1-D, rows) or elements (strided) per thread: Op::kVectorsPerThread; the strided path takes
+// kElementwiseUnroll. Index math is 32-bit below max_32bit_work, 64-bit past it (tensors of ~2^31 vectors or
+// elements).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,28 +34,15 @@
 
 #include "../core/cuda_utils.cuh"
 #include "../core/dispatch.h"
-#include "elementwise.h"
+#include "../core/empty.h"
 #include "../core/strided.h"
+#include "elementwise.h"
 
 namespace torchops {
 namespace cuda {
 
 constexpr int kElementwiseThreads = 128;
-// Vectors of each operand per thread on the 1-D and rows paths unless the functor says otherwise: on the
-// H200, bf16 swiglu with two vectors per thread needed 56 (forward) and 80 (backward) registers, so fewer
-// warps were resident, and ran at 0.96-0.97x Inductor's kernels at 16384 x 14336; with one vector, 32 and
-// 36 registers and 1.00x (f32 unchanged at 0.99-1.00x; same run, do_bench medians). A pure stream (add)
-// measured best with two.
-// (Detected the C++17 way: the extension is compiled as C++17 against torch 2.11, without `requires`.)
-template <typename Op, typename = void>
-struct VectorsPerThreadOf : std::integral_constant<int, 1> {};
-template <typename Op>
-struct VectorsPerThreadOf<Op, std::void_t<decltype(Op::kVectorsPerThread)>>
-    : std::integral_constant<int, Op::kVectorsPerThread> {};
-template <typename Op>
-constexpr int kVectorsPerThread = VectorsPerThreadOf<Op>::value;
-
-constexpr int kElementwiseUnroll = 2;  // strided path: scalar accesses (measured on vector_add)
+constexpr int kElementwiseUnroll = 2;  // strided path: scalar accesses, two in flight per thread
 
 // Largest work count (vectors or elements) for 32-bit index math when each thread takes `per_thread` items
 // per round: a thread's index plus the grid stride (< 2 * (work + one block's items)) stays below 2^32, and
@@ -78,6 +67,15 @@ struct RowStrides {  // elements between consecutive rows
   int64_t in[kIn];
   int64_t out[kOut];
 };
+
+// A grid-stride loop in rounds of kElementwiseThreads x kUnroll items: body(base) for each of this thread's
+// rounds, base its first item (its others: base + u * kElementwiseThreads, u < kUnroll).
+template <int kUnroll, typename Index, typename Body>
+__device__ __forceinline__ void for_each_round(Index total, Body&& body) {
+  constexpr int kRound = kElementwiseThreads * kUnroll;
+  const Index step = static_cast<Index>(gridDim.x) * kRound;
+  for (Index base = static_cast<Index>(blockIdx.x) * kRound + threadIdx.x; base < total; base += step) body(base);
+}
 
 // y[k] = op(x...) lane by lane in the op-math type.
 template <typename Op, typename T, int kN>
@@ -128,11 +126,9 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     elementwise_1d_kernel(ElementwisePointers<T, Op::kIn, Op::kOut> p, InputStrides<Op::kIn> s, Index n_vec,
                           int64_t n, int head, Op op) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
-  constexpr int kThreads = kElementwiseThreads, kUnroll = kVectorsPerThread<Op>;
+  constexpr int kThreads = kElementwiseThreads, kUnroll = Op::kVectorsPerThread;
   using Vec = AlignedVector<T, kVec>;
-  const Index step = static_cast<Index>(gridDim.x) * (kThreads * kUnroll);
-  for (Index base = static_cast<Index>(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x; base < n_vec;
-       base += step) {
+  for_each_round<kUnroll>(n_vec, [&](Index base) {
     Vec x[kUnroll][kIn];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -154,7 +150,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
         for (int k = 0; k < kOut; ++k) store_vector<T, kVec>(p.out[k] + head, i, y[k]);
       }
     }
-  }
+  });
 
   if (blockIdx.x == 0) {
     const int64_t t = threadIdx.x;
@@ -179,11 +175,9 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     rows_elementwise_kernel(ElementwisePointers<T, Op::kIn, Op::kOut> p, RowStrides<Op::kIn, Op::kOut> rs,
                             Index total, Index vecs_per_row, FastDivmod row_div, Op op) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
-  constexpr int kThreads = kElementwiseThreads, kUnroll = kVectorsPerThread<Op>;
+  constexpr int kThreads = kElementwiseThreads, kUnroll = Op::kVectorsPerThread;
   using Vec = AlignedVector<T, kVec>;
-  const Index step = static_cast<Index>(gridDim.x) * (kThreads * kUnroll);
-  for (Index base = static_cast<Index>(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x; base < total;
-       base += step) {
+  for_each_round<kUnroll>(total, [&](Index base) {
     Vec x[kUnroll][kIn];
     Index row[kUnroll], col[kUnroll];
 #pragma unroll
@@ -209,7 +203,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
         }
       }
     }
-  }
+  });
 }
 
 // Tiled path: a block of 32 x kTileRows threads covers a kTile x kTile tile, kTile = 32 * kPerThread, so
@@ -226,30 +220,14 @@ struct TileStrides {
   int64_t col[kIn];
 };
 
-// The tiled kernel's residency bound, which caps its registers (65536 / (256 threads x blocks)): the
-// functor's kTileBlocksPerSM when it sets one, else 3 (at most 85 registers), where no functor's kernel
-// spills: at 6 blocks (42 registers) ptxas spilled 20-140 bytes a thread in every 16-bit gated kernel, at 4
-// still 36 in the backward's. Add sets 6, measured fastest for it (history/tuning/tiled_variants.cu).
-template <typename Op, typename = void>
-struct TileBlocksPerSMOf : std::integral_constant<int, 3> {};
-template <typename Op>
-struct TileBlocksPerSMOf<Op, std::void_t<decltype(Op::kTileBlocksPerSM)>>
-    : std::integral_constant<int, Op::kTileBlocksPerSM> {};
-template <typename Op>
-constexpr int kTileBlocksPerSM = TileBlocksPerSMOf<Op>::value;
-
 // rows x cols outputs, row-major and dense. The inputs flagged in kStaged (bit q: input q has unit stride
 // along rows) are read with consecutive threads walking their rows and staged in shared memory; the others
 // are read directly along columns, like the outputs are written. The mask is a template argument, so each
-// instantiation stages only its column-major inputs with no runtime test. Each thread first issues all of
-// its direct reads for the tile, then computes and stores, so they are in flight together. Residency:
-// kTileBlocksPerSM.
-// How it is written matters more than usual here: with a runtime mask tested per input (a loop over the
-// inputs, or the flags written out per input) the bf16 16384^2 transpose of vector_add ran 0.79-1.02x the
-// speed of vector_add's own pre-engine kernel; this form runs it 1.33x (f32 1.49x), measured side by side
-// by benchmarks/history/tuning/tiled_variants.cu.
+// instantiation stages only its column-major inputs with no runtime test (a mask tested per input at run
+// time made the kernel markedly slower). Each thread first issues all of its direct reads for the tile,
+// then computes and stores, so they are in flight together. Residency: Op::kTileBlocksPerSM.
 template <typename T, typename Op, unsigned kStaged>
-__global__ void __launch_bounds__(kWarpSize * kTileRows, kTileBlocksPerSM<Op>)
+__global__ void __launch_bounds__(kWarpSize * kTileRows, Op::kTileBlocksPerSM)
     tiled_elementwise_kernel(ElementwisePointers<T, Op::kIn, Op::kOut> p, TileStrides<Op::kIn> s, int64_t rows,
                              int64_t cols, Op op) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
@@ -334,8 +312,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
                                OffsetCalculator<Op::kIn + Op::kOut> calc, Index n, Op op) {
   constexpr int kIn = Op::kIn, kOut = Op::kOut;
   constexpr int kThreads = kElementwiseThreads, kUnroll = kElementwiseUnroll;
-  const Index step = static_cast<Index>(gridDim.x) * (kThreads * kUnroll);
-  for (Index base = static_cast<Index>(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x; base < n; base += step) {
+  for_each_round<kUnroll>(n, [&](Index base) {
     AlignedVector<T, 1> x[kUnroll][kIn];
     int64_t out_offset[kUnroll][kOut];
 #pragma unroll
@@ -359,7 +336,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
         for (int k = 0; k < kOut; ++k) p.out[k][out_offset[u][k]] = y[k].val[0];
       }
     }
-  }
+  });
 }
 
 template <typename T, typename Op>
@@ -381,7 +358,7 @@ void launch_strided(const ElementwisePointers<T, Op::kIn, Op::kOut>& p,
 template <typename T, typename Op>
 bool launch_1d(const ElementwisePointers<T, Op::kIn, Op::kOut>& p, const InputStrides<Op::kIn>& s, int64_t n, Op op,
                cudaStream_t stream) {
-  constexpr int kVec = vector_size<T>(), kUnroll = kVectorsPerThread<Op>;
+  constexpr int kVec = vector_size<T>(), kUnroll = Op::kVectorsPerThread;
   const auto misalignment = reinterpret_cast<uintptr_t>(p.out[0]) % kVectorBytes;
   const int64_t head = std::min<int64_t>(n, misalignment == 0 ? 0 : (kVectorBytes - misalignment) / sizeof(T));
   bool vector_loads = true;
@@ -411,7 +388,7 @@ bool launch_1d(const ElementwisePointers<T, Op::kIn, Op::kOut>& p, const InputSt
 template <typename T, int kVec, typename Op>
 void launch_rows(const ElementwisePointers<T, Op::kIn, Op::kOut>& p, const RowsView<Op::kIn + Op::kOut>& view,
                  Op op, cudaStream_t stream) {
-  constexpr int kIn = Op::kIn, kOut = Op::kOut, kUnroll = kVectorsPerThread<Op>;
+  constexpr int kIn = Op::kIn, kOut = Op::kOut, kUnroll = Op::kVectorsPerThread;
   RowStrides<kIn, kOut> rs;
   for (int k = 0; k < kOut; ++k) rs.out[k] = view.row_stride[k];
   for (int k = 0; k < kIn; ++k) rs.in[k] = view.row_stride[kOut + k];
@@ -491,6 +468,33 @@ void elementwise_kernel(const char* name, const Operands<Op::kOut, Op::kIn>& ope
   }
   launch_strided<T, Op>(p, layout, n, op, stream);
 }
+
+// The functor run for storage type T: Op itself, or for a functor template Family<Act, kFast> (the gated
+// ones) its fast-math form on 16-bit storage, where the rounding hides the error of fast exp.
+template <typename Op, typename T>
+struct CudaFunctor {
+  using type = Op;
+};
+template <template <typename, bool> class Family, typename Act, typename T>
+struct CudaFunctor<Family<Act, false>, T> {
+  using type = Family<Act, is_16bit_float<T>>;
+};
+
+// The engine's CUDA backend (elementwise.h): on the operands' device and its current stream.
+struct Backend {
+  static at::Tensor empty_like_dense(const at::Tensor& like) { return empty_like_dense_cuda(like); }
+
+  template <typename Op>
+  static void run(const char* op, const Operands<Op::kOut, Op::kIn>& operands) {
+    const c10::cuda::CUDAGuard device_guard(operands[0].device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    dispatch_elementwise<Op>(operands[0].scalar_type(), [&](auto zero) {
+      using T = decltype(zero);
+      using Functor = typename CudaFunctor<Op, T>::type;
+      elementwise_kernel<T, Functor>(op, operands, Functor{}, stream);
+    });
+  }
+};
 
 }  // namespace cuda
 }  // namespace torchops

@@ -1,8 +1,13 @@
-// Front halves of elementwise ops (vector_add, swiglu, gelu_and_mul and their backwards), shared by the CPU
-// and CUDA backends: validate, allocate or validate the outputs, then hand the operands to the backend's
-// engine (cpu_elementwise.h, cuda_elementwise.cuh) as one array, outputs first: (outs..., ins...), the
-// order the engines collapse and walk them in. The array is built once per call and passed by reference,
-// so a small call pays one reference count per operand (vector_add's host cost is at torch.add's).
+// The front half of the elementwise engine, shared by its CPU and CUDA backends: validate, allocate or
+// validate the outputs, then hand the operands to the backend as one array, outputs first: (outs..., ins...),
+// the order the engines collapse and walk them in. The array is built once per call and passed by
+// reference, so a small call pays one reference count per operand.
+//
+// A backend (cpu::Backend in cpu_elementwise.h, cuda::Backend in cuda_elementwise.cuh) is
+//   static at::Tensor empty_like_dense(const at::Tensor&);       its allocator, called directly: a small
+//                                                                call can't afford a dispatcher trip
+//   template <typename Op> static void run(const char* op, const Operands<Op::kOut, Op::kIn>&);
+//                                                                Op's dtype dispatch and its engine
 //
 // Any rank and any strides: a layout that does not collapse to kMaxDims dimensions (strided.h), which
 // takes more than 16 dimensions that no stride pattern merges, is handed to the kernel as dense copies of
@@ -10,13 +15,14 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <array>
 #include <cstddef>
-#include <initializer_list>
 #include <utility>
 
 #include "../core/checks.h"
+#include "../core/dispatch.h"
 #include "../core/strided.h"
 
 namespace torchops {
@@ -25,22 +31,41 @@ namespace torchops {
 template <size_t kOut, size_t kIn>
 using Operands = std::array<at::Tensor, kOut + kIn>;
 
-// kOut new dense outputs of inputs[0]'s shape and dtype (made by `empty_like_dense`, the backend's
-// allocator, called directly: a small call can't afford a trip through the dispatcher for at::empty) from
-// the kIn inputs. `kernel(operands)` must write every element of the outputs.
-template <size_t kOut, size_t kIn, typename EmptyLikeDense, typename Kernel>
-std::array<at::Tensor, kOut> elementwise_outputs(const char* op, const NamedTensor (&inputs)[kIn],
-                                                 std::initializer_list<at::ScalarType> dtypes,
-                                                 EmptyLikeDense&& empty_like_dense, Kernel&& kernel) {
-  check_elementwise(op, {inputs, inputs + kIn}, dtypes);
+// The usual elementwise contract (check_elementwise) over Op's dtypes: core/dispatch.h's float list, and its
+// int list when Op::kIntegers. dispatch_elementwise dispatches over the same list.
+template <typename Op>
+void check_elementwise_args(const char* op, c10::ArrayRef<NamedTensor> tensors) {
+  if constexpr (Op::kIntegers) {
+    check_elementwise(op, tensors, {TORCHOPS_FLOAT_AND_INT_DTYPES});
+  } else {
+    check_elementwise(op, tensors, {TORCHOPS_FLOAT_DTYPES});
+  }
+}
+
+// fn(T{}) for the storage type T of `dtype`, one of Op's dtypes.
+template <typename Op, typename Fn>
+void dispatch_elementwise(at::ScalarType dtype, Fn&& fn) {
+  if constexpr (Op::kIntegers) {
+    TORCHOPS_DISPATCH_FLOAT_AND_INT_TYPES(dtype, "elementwise", [&] { fn(scalar_t{}); });
+  } else {
+    TORCHOPS_DISPATCH_FLOAT_TYPES(dtype, "elementwise", [&] { fn(scalar_t{}); });
+  }
+}
+
+// Op's kOut new dense outputs of inputs[0]'s shape and dtype, from its kIn inputs.
+template <typename Op, typename Backend, size_t kIn>
+std::array<at::Tensor, Op::kOut> elementwise_outputs(const char* op, const NamedTensor (&inputs)[kIn]) {
+  constexpr size_t kOut = Op::kOut;
+  static_assert(kIn == Op::kIn, "one named tensor per input of the functor");
+  check_elementwise_args<Op>(op, {inputs, inputs + kIn});
   Operands<kOut, kIn> operands;
-  for (size_t k = 0; k < kOut; ++k) operands[k] = empty_like_dense(inputs[0].tensor);
+  for (size_t k = 0; k < kOut; ++k) operands[k] = Backend::empty_like_dense(inputs[0].tensor);
   if (operands[0].numel() != 0) {
     for (size_t k = 0; k < kIn; ++k) operands[kOut + k] = inputs[k].tensor;
     if (!fits_strided_layout<static_cast<int>(kOut + kIn)>(operands)) {
       for (size_t k = kOut; k < kOut + kIn; ++k) operands[k] = operands[k].contiguous();  // all dense: one dimension
     }
-    kernel(std::as_const(operands));
+    Backend::template run<Op>(op, std::as_const(operands));
   }
   std::array<at::Tensor, kOut> outs;
   for (size_t k = 0; k < kOut; ++k) outs[k] = std::move(operands[k]);
@@ -48,29 +73,47 @@ std::array<at::Tensor, kOut> elementwise_outputs(const char* op, const NamedTens
 }
 
 // One output: the form of most ops.
-template <size_t kIn, typename EmptyLikeDense, typename Kernel>
-at::Tensor elementwise(const char* op, const NamedTensor (&inputs)[kIn], std::initializer_list<at::ScalarType> dtypes,
-                       EmptyLikeDense&& empty_like_dense, Kernel&& kernel) {
-  return std::move(elementwise_outputs<1, kIn>(op, inputs, dtypes, empty_like_dense, kernel)[0]);
+template <typename Op, typename Backend, size_t kIn>
+at::Tensor elementwise(const char* op, const NamedTensor (&inputs)[kIn]) {
+  return std::move(elementwise_outputs<Op, Backend>(op, inputs)[0]);
 }
 
-// out= form of a binary op: `out` must match a and b exactly (no resizing) and may alias either of them
-// exactly (each element is read before it is written, by the same thread).
-template <typename Kernel>
-void binary_elementwise_out(const char* op, NamedTensor a, NamedTensor b, NamedTensor out,
-                            std::initializer_list<at::ScalarType> dtypes, Kernel&& kernel) {
-  check_elementwise(op, {a, b, out}, dtypes);
+// out= form of a binary op: `out` takes a's dtype and device, is resized to a's shape as torch's out= ops
+// resize theirs, and may alias a or b exactly (each element is read before it is written, by one thread).
+template <typename Op, typename Backend>
+void binary_elementwise_out(const char* op, NamedTensor a, NamedTensor b, NamedTensor out) {
+  check_elementwise_args<Op>(op, {a, b});
+  check_and_resize_out(op, out, a);
   check_out_overlap(op, out, {a, b});
   if (out.tensor.numel() == 0) return;
   const Operands<1, 2> operands{out.tensor, a.tensor, b.tensor};
   if (fits_strided_layout<3>(operands)) {
-    kernel(operands);
+    Backend::template run<Op>(op, operands);
     return;
   }
   // A dense result in a's dense copy (an exact alias, which kernels allow), then copied into out.
   at::Tensor result = a.tensor.clone(at::MemoryFormat::Contiguous);
-  kernel(Operands<1, 2>{result, result, b.tensor.contiguous()});
+  Backend::template run<Op>(op, Operands<1, 2>{result, result, b.tensor.contiguous()});
   out.tensor.copy_(result);
 }
+
+// The kernels of a binary row (activations.h) on a backend: op(a, b) and op_out(a, b, out).
+template <typename Backend, typename Row>
+struct BinaryKernels {
+  using Op = typename Row::Op;
+
+  static at::Tensor forward(const at::Tensor& a, const at::Tensor& b) {
+    return elementwise<Op, Backend>(Row::kName, {{"a", a}, {"b", b}});
+  }
+
+  static void forward_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+    binary_elementwise_out<Op, Backend>(Row::kOutName, {"a", a}, {"b", b}, {"out", out});
+  }
+
+  static void register_kernels(torch::Library& m) {
+    m.impl(Row::kName, &forward);
+    m.impl(Row::kOutName, &forward_out);
+  }
+};
 
 }  // namespace torchops

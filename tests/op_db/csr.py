@@ -268,38 +268,12 @@ def csr_transpose_errors(device: str) -> list[ErrorInput]:
     return cases
 
 
+# name, dtypes, samples, reference, errors, sized inputs (op_db.core.OpInfo)
 OPS: list[OpInfo] = [
-    OpInfo(
-        name="csr_spmm",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=csr_spmm_samples,
-        reference=csr_spmm_reference,
-        error_inputs=csr_spmm_errors,
-        sized_inputs=csr_spmm_sized,
-    ),
-    OpInfo(
-        name="_csr_spmm_with_transpose",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=csr_spmm_with_transpose_samples,
-        reference=csr_spmm_reference,
-        error_inputs=csr_spmm_with_transpose_errors,
-        sized_inputs=csr_spmm_with_transpose_sized,
-    ),
-    OpInfo(
-        name="_csr_sddmm",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=csr_sddmm_samples,
-        reference=csr_sddmm_reference,
-        error_inputs=csr_sddmm_errors,
-        sized_inputs=csr_sddmm_sized,
-    ),
-    OpInfo(
-        name="_csr_transpose",
-        dtypes=INT_DTYPES,  # the index dtype
-        sample_inputs=csr_transpose_samples,
-        reference=csr_transpose_reference,
-        error_inputs=csr_transpose_errors,
-        sized_inputs=csr_transpose_sized,
-        differentiable=False,
-    ),
+    OpInfo("csr_spmm", FLOAT_DTYPES, csr_spmm_samples, csr_spmm_reference, csr_spmm_errors, csr_spmm_sized),
+    OpInfo("_csr_spmm_with_transpose", FLOAT_DTYPES, csr_spmm_with_transpose_samples, csr_spmm_reference,
+           csr_spmm_with_transpose_errors, csr_spmm_with_transpose_sized),
+    OpInfo("_csr_sddmm", FLOAT_DTYPES, csr_sddmm_samples, csr_sddmm_reference, csr_sddmm_errors, csr_sddmm_sized),
+    OpInfo("_csr_transpose", INT_DTYPES, csr_transpose_samples, csr_transpose_reference, csr_transpose_errors,
+           csr_transpose_sized, differentiable=False),  # dtypes: the index dtype
 ]

@@ -1,15 +1,19 @@
-"""op_db rows of the elementwise ops."""
+"""op_db rows of the elementwise ops: vector_add's, and the gated family's, generated from one GatedInfo per
+gated op (GATED), which tests/test_gated.py runs its family tests over too."""
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from helpers import FLOAT_DTYPES, INT_DTYPES, make_layout, poison_, random_tensor
-from meta_kernels import _checks
+from helpers import (FLOAT_AND_INT_DTYPES, FLOAT_DTYPES, TOLERANCES, chunk_halves, exact_gelu, make_layout, poison_,
+                     random_tensor)
 from op_db.core import ErrorInput, OpInfo, Sample, _grad, expect  # noqa: F401
 
 
@@ -87,7 +91,7 @@ def _binary_metadata_errors(op: str, device: str, extra: Callable[[torch.Tensor,
 
 
 def vector_add_errors(device: str) -> list[ErrorInput]:
-    return _binary_metadata_errors("vector_add", device, lambda a, b: (a, b), _checks.FLOAT_AND_INT_DTYPES)
+    return _binary_metadata_errors("vector_add", device, lambda a, b: (a, b), FLOAT_AND_INT_DTYPES)
 
 
 def vector_add_out_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
@@ -114,9 +118,8 @@ def vector_add_out_errors(device: str) -> list[ErrorInput]:
     base = f32(9)
     op = "vector_add_out"
     e = functools.partial(expect, op)
-    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b, torch.empty_like(a)), _checks.FLOAT_AND_INT_DTYPES)
-    cases += [
-        e(Sample((f32(4, 8), f32(4, 8), f32(4, 9))), "same_shape", x="a", y="out", x_shape=[4, 8], y_shape=[4, 9]),
+    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b, torch.empty_like(a)), FLOAT_AND_INT_DTYPES)
+    cases += [  # (an out of another shape is resized: tests/test_vector_add.py)
         e(Sample((f32(4), f32(4), f32(4).double())), "same_dtype", x="a", y="out", x_dtype=torch.float32,
           y_dtype=torch.float64),
         e(Sample((f32(3), f32(3), f32(1).expand(3))), "internal_overlap", x="out", on_fake=False),
@@ -129,11 +132,101 @@ def vector_add_out_errors(device: str) -> list[ErrorInput]:
     return cases
 
 
-# ---------------------------------------------------------------------------------------------- swiglu
-# The gate/up layouts: _ELEMENTWISE_CASES, plus the halves of x.chunk(2, -1) (rows with a row stride,
-# read in place) built in _chunk_halves.
+# ------------------------------------------------------------------------------------------ gated family
+# One GatedInfo per gated op, act(gate) * up: its torch math, its forms (the values of its extra schema
+# arguments), and what the family's accuracy tests allow it. Its op and backward op's OpInfos below, and
+# every test of tests/test_gated.py, come from the row.
 
-# (leading shape, H, storage offset in elements): odd H (rows never 16-byte aligned: the scalar rows
+
+@dataclass(frozen=True)
+class GatedInfo:
+    name: str  # the op; its backward op is f"{name}_backward", its wrapper torchops.<name>
+    act: Callable[..., torch.Tensor]  # act(x, **form), in torch ops
+    act_grad: Callable[..., torch.Tensor]  # act_grad(g, x, **form) = g * act'(x), torch's own derivative
+    # act and act' in float64, free of the cancellations of torch's formulas (the ulp tests' exact values)
+    exact: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # (value_scale, slope_scale) of x, float64: where act or act' cancels, an f32 computation is accurate to
+    # eps times these rather than to a few ulp (zeros where it is not)
+    error_scales: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    ulp_gate_range: float  # gates drawn from [-r, r] for the ulp tests
+    # the extra absolute error of the f32 math on a 16-bit gate x, beyond 1 ulp
+    f32_abs_error: Callable[[torch.Tensor], torch.Tensor | float]
+    # bound on |CUDA - CPU|, both computed in f32 from the same formula: (rtol, atol) per dtype
+    cuda_vs_cpu: dict[torch.dtype, tuple[float, float]]
+    flushes_below: float | None = None  # gates below which the f32 result is exactly 0, as torch's is
+    forms: tuple[dict[str, Any], ...] = ({},)  # keyword arguments of each form; the first is the default
+    # (kwargs, message key, fields): an extra argument no form has, and the error it raises
+    form_errors: tuple[tuple[dict[str, Any], str, dict[str, Any]], ...] = ()
+
+    @property
+    def backward_name(self) -> str:
+        return f"{self.name}_backward"
+
+    def reference(self, gate: torch.Tensor, up: torch.Tensor, **form: Any) -> torch.Tensor:
+        return self.act(gate, **form) * up
+
+    def backward_reference(self, grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                           **form: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.act_grad(grad_out * up, gate, **form), grad_out * self.act(gate, **form)
+
+
+def _silu_exact(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = torch.sigmoid(x)
+    return x * s, s * (1 + x * (1 - s))
+
+
+def _silu_error_scales(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = torch.sigmoid(x)  # silu' = s (1 + x (1 - s)) cancels near x = -1.28
+    return torch.zeros_like(x), s + (x * s * (1 - s)).abs()
+
+
+def _gelu_error_scales(x: torch.Tensor, approximate: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
+    # |x| Phi(x) + |x| |Phi| bounds the value's rounding, |Phi| + |x phi| + ... the derivative's; the erf form's
+    # Phi = (1 + erf) / 2 is accurate to ~eps absolute, not relative (as torch's is), far below zero.
+    cdf = 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+    pdf = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    return x.abs() * torch.maximum(cdf, torch.ones_like(cdf)) * (1 + x.abs()), cdf + x.abs() * pdf * (1 + x * x) + 1
+
+
+# torch.testing's default tolerances, f32's atol tightened: the same formula on both devices.
+_CLOSE_F32 = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (2e-6, 1e-6),
+              torch.float64: (1e-7, 1e-7)}
+
+GATED: list[GatedInfo] = [
+    GatedInfo(
+        name="swiglu",
+        act=F.silu,
+        act_grad=lambda g, x: g * _silu_exact(x)[1],
+        exact=_silu_exact,
+        error_scales=_silu_error_scales,
+        ulp_gate_range=20.0,
+        f32_abs_error=lambda x: 0.0,
+        cuda_vs_cpu=_CLOSE_F32,
+        flushes_below=-88.72,  # exp(-gate) overflows f32: silu is -0, as torch's F.silu gives in bf16 and f32
+    ),
+    GatedInfo(
+        name="gelu_and_mul",
+        act=lambda x, approximate="none": F.gelu(x, approximate=approximate),
+        act_grad=lambda g, x, approximate="none": torch.ops.aten.gelu_backward(g, x, approximate=approximate),
+        exact=lambda x, approximate="none": exact_gelu(x, approximate),
+        error_scales=_gelu_error_scales,
+        ulp_gate_range=8.0,
+        # far below zero gelu (~1e-9 at -6) is below the f32 math's resolution of Phi (~6e-8 relative to 1)
+        f32_abs_error=lambda x: 2.0**-22 * x.abs(),
+        cuda_vs_cpu=TOLERANCES,
+        forms=({"approximate": "none"}, {"approximate": "tanh"}),
+        form_errors=tuple(({"approximate": v}, "approximate", {"got": v}) for v in ("erf", "", "fast", "Tanh")),
+    ),
+]
+
+
+def gated_forms() -> list[tuple[GatedInfo, dict[str, Any]]]:
+    """(row, form) for every form of every gated op."""
+    return [(row, form) for row in GATED for form in row.forms]
+
+
+# The gate/up layouts: _ELEMENTWISE_CASES, plus the halves of x.chunk(2, -1) (rows with a row stride, read in
+# place): (leading shape, H, storage offset in elements): odd H (rows never 16-byte aligned: the scalar rows
 # path), H a multiple of every vector width (16-byte vectors), a misaligned base, a 3-D leading shape.
 _CHUNK_CASES: list[tuple[tuple[int, ...], int, int]] = [
     ((5,), 7, 0),
@@ -144,16 +237,6 @@ _CHUNK_CASES: list[tuple[tuple[int, ...], int, int]] = [
     ((2, 3), 24, 0),
     ((1,), 40, 0),
 ]
-
-
-def _chunk_halves(lead: tuple[int, ...], h: int, offset: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """gate, up = x.chunk(2, -1) for x of shape (*lead, 2h) starting `offset` elements into its storage."""
-    n = 2 * h
-    for s in lead:
-        n *= s
-    x = random_tensor((n + offset,), dtype, device)[offset:].view(*lead, 2 * h)
-    gate, up = x.chunk(2, dim=-1)
-    return gate, up
 
 
 def _large_gate(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -173,13 +256,13 @@ def _nonfinite_gate_up(dtype: torch.dtype, device: str) -> tuple[torch.Tensor, t
     return gate.to(dtype=dtype, device=device), up.to(dtype=dtype, device=device)
 
 
-def _swiglu_pairs(device: str, dtype: torch.dtype, requires_grad: bool) -> list[tuple[torch.Tensor, torch.Tensor, str]]:
-    """(gate, up, description) for every swiglu layout; non-finite values only without grads (finite
-    differences of inf/NaN mean nothing)."""
+def _gated_pairs(device: str, dtype: torch.dtype, requires_grad: bool) -> list[tuple[torch.Tensor, torch.Tensor, str]]:
+    """(gate, up, description) for every layout; non-finite values only without grads (finite differences of
+    inf/NaN mean nothing)."""
     pairs = [(make_layout(shape, dtype, device, lg), make_layout(shape, dtype, device, lu), f"{shape} {lg}+{lu}")
              for shape, lg, lu in _ELEMENTWISE_CASES]
     for lead, h, offset in _CHUNK_CASES:
-        gate, up = _chunk_halves(lead, h, offset, dtype, device)
+        _, gate, up = chunk_halves(lead, h, dtype, device, offset=offset)
         pairs.append((gate, up, f"chunk halves of {(*lead, 2 * h)}, offset {offset}"))
     pairs.append((_large_gate((9, 40), dtype, device), random_tensor((9, 40), dtype, device), "|gate| up to 1e4"))
     pairs.append((_large_gate((3, 24), dtype, device).t(), random_tensor((24, 3), dtype, device), "|gate| up to 1e4, transposed"))
@@ -191,32 +274,34 @@ def _swiglu_pairs(device: str, dtype: torch.dtype, requires_grad: bool) -> list[
     return [(_grad(g, requires_grad), _grad(u, requires_grad), desc) for g, u, desc in pairs]
 
 
-def swiglu_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
-    return [Sample((gate, up), desc=desc) for gate, up, desc in _swiglu_pairs(device, dtype, requires_grad)]
+def _with_form(sample: Sample, form: dict[str, Any]) -> Sample:
+    return Sample(sample.args, dict(form), desc=", ".join([sample.desc, *map(str, form.values())]))
 
 
-def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.silu(gate) * up
+def _with_forms(row: GatedInfo, samples: list[Sample], requires_grad: bool) -> list[Sample]:
+    """The samples with the row's forms taking turns over them; without grads, the non-finite values in
+    every form."""
+    out = [_with_form(s, row.forms[i % len(row.forms)]) for i, s in enumerate(samples)]
+    if not requires_grad and len(row.forms) > 1:
+        out += [_with_form(s, form) for s in samples if "inf/nan" in s.desc for form in row.forms]
+    return out
 
 
-def swiglu_errors(device: str) -> list[ErrorInput]:
-    cases = _binary_metadata_errors("swiglu", device, lambda a, b: (a, b), FLOAT_DTYPES, names=("gate", "up"))
-    i32 = lambda *s: torch.randint(-5, 5, s, dtype=torch.int32, device=device)  # noqa: E731
-    cases.append(expect("swiglu", Sample((i32(4), i32(4))), "dtype_in", x="gate", dtype=torch.int32,
-                        supported=FLOAT_DTYPES))
-    return cases
+def _gated_samples(row: GatedInfo, device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    pairs = [Sample((gate, up), desc=desc) for gate, up, desc in _gated_pairs(device, dtype, requires_grad)]
+    return _with_forms(row, pairs, requires_grad)
 
 
-def swiglu_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+def _gated_backward_samples(row: GatedInfo, device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
     samples = []
-    for gate, up, desc in _swiglu_pairs(device, dtype, requires_grad):
+    for gate, up, desc in _gated_pairs(device, dtype, requires_grad):
         grad_out = _grad(random_tensor(gate.shape, dtype, device), requires_grad)
         samples.append(Sample((grad_out, gate, up), desc=desc))
     # The grad of out.sum(): ones expanded (stride 0 everywhere), next to chunk halves.
-    gate, up = _chunk_halves((6,), 16, 0, dtype, device)
+    _, gate, up = chunk_halves(6, 16, dtype, device)
     ones = torch.ones((), dtype=dtype, device=device).expand(6, 16)
     samples.append(Sample((ones, _grad(gate, requires_grad), _grad(up, requires_grad)), desc="expanded grad_out, chunk halves"))
-    gate, up = _chunk_halves((5,), 7, 1, dtype, device)
+    _, gate, up = chunk_halves(5, 7, dtype, device, offset=1)
     grad_out = make_layout((7, 5), dtype, device, "contiguous").t()
     samples.append(Sample((_grad(grad_out, requires_grad), _grad(gate, requires_grad), _grad(up, requires_grad)),
                           desc="transposed grad_out, odd chunk halves"))
@@ -225,22 +310,22 @@ def swiglu_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool
         grad_out = torch.tensor([1.0, 2.0, -1.0, 0.5, 1.0, float("inf"), float("nan"), 1.0, 2.0, 3.0, -3.0, 1.0, 1.0],
                                 dtype=dtype, device=device)
         samples.append(Sample((grad_out, gate, up), desc="inf/nan in grad_out too"))
-    return samples
+    return _with_forms(row, samples, requires_grad)
 
 
-def swiglu_backward_reference(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # torch's own silu derivative, sigmoid(x) * (1 + x * (1 - sigmoid(x))), in float64.
-    s = torch.sigmoid(gate)
-    return grad_out * up * (s * (1 + gate * (1 - s))), grad_out * torch.nn.functional.silu(gate)
-
-
-def swiglu_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
-    return tuple(random_tensor((n, 3), dtype, device) for _ in range(3))
-
-
-def swiglu_backward_errors(device: str) -> list[ErrorInput]:
+def _gated_errors(row: GatedInfo, device: str) -> list[ErrorInput]:
+    op = row.name
+    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b), FLOAT_DTYPES, names=("gate", "up"))
+    i32 = lambda *s: torch.randint(-5, 5, s, dtype=torch.int32, device=device)  # noqa: E731
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
-    op = "swiglu_backward"
+    cases.append(expect(op, Sample((i32(4), i32(4))), "dtype_in", x="gate", dtype=torch.int32, supported=FLOAT_DTYPES))
+    cases += [expect(op, Sample((f32(4), f32(4)), kwargs), key, **fields) for kwargs, key, fields in row.form_errors]
+    return cases
+
+
+def _gated_backward_errors(row: GatedInfo, device: str) -> list[ErrorInput]:
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    op = row.backward_name
     e = functools.partial(expect, op)
     cases = _binary_metadata_errors(op, device, lambda a, b: (a, b, a.clone()), FLOAT_DTYPES, names=("grad_out", "gate"))
     cases += [
@@ -250,128 +335,30 @@ def swiglu_backward_errors(device: str) -> list[ErrorInput]:
         e(Sample(tuple(torch.randint(-5, 5, (4,), device=device) for _ in range(3))), "dtype_in", x="grad_out",
           dtype=torch.int64, supported=FLOAT_DTYPES),
     ]
+    cases += [e(Sample((f32(4), f32(4), f32(4)), kwargs), key, **fields) for kwargs, key, fields in row.form_errors]
     return cases
 
 
-# ---------------------------------------------------------------------------------------- gelu_and_mul
-# swiglu's layouts, the erf and tanh forms alternating over them (non-finite values in both forms).
-_GELU_FORMS = ("none", "tanh")
+def _gated_sized(row: GatedInfo, tensors: int, device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    """`tensors` (n, 3) tensors, then every extra schema argument in the last (non-default) form."""
+    return (*(random_tensor((n, 3), dtype, device) for _ in range(tensors)), *row.forms[-1].values())
 
 
-def gelu_and_mul_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
-    pairs = _swiglu_pairs(device, dtype, requires_grad)
-    samples = [Sample((gate, up), {"approximate": _GELU_FORMS[i % 2]}, desc=f"{desc}, {_GELU_FORMS[i % 2]}")
-               for i, (gate, up, desc) in enumerate(pairs)]
-    if not requires_grad:
-        gate, up = _nonfinite_gate_up(dtype, device)
-        samples.append(Sample((gate, up), {"approximate": "tanh"}, desc="inf/nan, tanh"))
-        gate, up = _nonfinite_gate_up(dtype, device)
-        samples.append(Sample((gate, up), {"approximate": "none"}, desc="inf/nan, none"))
-    return samples
-
-
-def gelu_and_mul_reference(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    return torch.nn.functional.gelu(gate, approximate=approximate) * up
-
-
-def gelu_and_mul_errors(device: str) -> list[ErrorInput]:
-    op = "gelu_and_mul"
-    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b), FLOAT_DTYPES, names=("gate", "up"))
-    i32 = lambda *s: torch.randint(-5, 5, s, dtype=torch.int32, device=device)  # noqa: E731
-    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
-    cases += [
-        expect(op, Sample((i32(4), i32(4))), "dtype_in", x="gate", dtype=torch.int32, supported=FLOAT_DTYPES),
-        expect(op, Sample((f32(4), f32(4)), {"approximate": "fast"}), "approximate", got="fast"),
+def _gated_op_infos(row: GatedInfo) -> list[OpInfo]:
+    """The op and its backward op (differentiable too: the double backward is gradchecked)."""
+    p = functools.partial
+    return [
+        OpInfo(row.name, FLOAT_DTYPES, p(_gated_samples, row), row.reference, p(_gated_errors, row),
+               p(_gated_sized, row, 2)),
+        OpInfo(row.backward_name, FLOAT_DTYPES, p(_gated_backward_samples, row), row.backward_reference,
+               p(_gated_backward_errors, row), p(_gated_sized, row, 3)),
     ]
-    return cases
 
 
-def gelu_and_mul_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
-    samples = []
-    for i, sample in enumerate(swiglu_backward_samples(device, dtype, requires_grad)):
-        form = _GELU_FORMS[i % 2]
-        samples.append(Sample(sample.args, {"approximate": form}, desc=f"{sample.desc}, {form}"))
-    return samples
-
-
-def gelu_and_mul_backward_reference(grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-                                    approximate: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
-    # torch's own gelu derivative (aten::gelu_backward), in float64.
-    grad_gate = torch.ops.aten.gelu_backward(grad_out * up, gate, approximate=approximate)
-    return grad_gate, grad_out * torch.nn.functional.gelu(gate, approximate=approximate)
-
-
-def gelu_and_mul_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
-    return (*pair_sized(device, dtype, n), "tanh")  # every schema argument; the non-default form
-
-
-def gelu_and_mul_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
-    return (*swiglu_backward_sized(device, dtype, n), "tanh")
-
-
-def gelu_and_mul_backward_errors(device: str) -> list[ErrorInput]:
-    op = "gelu_and_mul_backward"
-    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
-    cases = _binary_metadata_errors(op, device, lambda a, b: (a, b, a.clone()), FLOAT_DTYPES,
-                                    names=("grad_out", "gate"))
-    cases += [
-        expect(op, Sample((f32(4, 8), f32(4, 8), f32(4, 9))), "same_shape", x="grad_out", y="up", x_shape=[4, 8],
-               y_shape=[4, 9]),
-        expect(op, Sample((f32(4), f32(4), f32(4)), {"approximate": "Tanh"}), "approximate", got="Tanh"),
-    ]
-    return cases
-
-
+# name, dtypes, samples, reference, errors, sized inputs (op_db.core.OpInfo)
 OPS: list[OpInfo] = [
-    OpInfo(
-        name="vector_add",
-        dtypes=FLOAT_DTYPES + INT_DTYPES,
-        sample_inputs=vector_add_samples,
-        reference=vector_add_reference,
-        error_inputs=vector_add_errors,
-        sized_inputs=pair_sized,
-    ),
-    OpInfo(
-        name="vector_add_out",
-        dtypes=FLOAT_DTYPES + INT_DTYPES,
-        sample_inputs=vector_add_out_samples,
-        reference=vector_add_out_reference,
-        error_inputs=vector_add_out_errors,
-        sized_inputs=vector_add_out_sized,
-        differentiable=False,
-        mutated_arg=2,
-    ),
-    OpInfo(
-        name="swiglu",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=swiglu_samples,
-        reference=swiglu_reference,
-        error_inputs=swiglu_errors,
-        sized_inputs=pair_sized,
-    ),
-    # Differentiable: its double backward (ATen math in csrc/autograd/gated.cpp) is gradchecked here.
-    OpInfo(
-        name="swiglu_backward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=swiglu_backward_samples,
-        reference=swiglu_backward_reference,
-        error_inputs=swiglu_backward_errors,
-        sized_inputs=swiglu_backward_sized,
-    ),
-    OpInfo(
-        name="gelu_and_mul",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=gelu_and_mul_samples,
-        reference=gelu_and_mul_reference,
-        error_inputs=gelu_and_mul_errors,
-        sized_inputs=gelu_and_mul_sized,
-    ),
-    OpInfo(
-        name="gelu_and_mul_backward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=gelu_and_mul_backward_samples,
-        reference=gelu_and_mul_backward_reference,
-        error_inputs=gelu_and_mul_backward_errors,
-        sized_inputs=gelu_and_mul_backward_sized,
-    ),
-]
+    OpInfo("vector_add", FLOAT_AND_INT_DTYPES, vector_add_samples, vector_add_reference, vector_add_errors,
+           pair_sized),
+    OpInfo("vector_add_out", FLOAT_AND_INT_DTYPES, vector_add_out_samples, vector_add_out_reference,
+           vector_add_out_errors, vector_add_out_sized, differentiable=False, mutated_arg=2),
+] + [info for row in GATED for info in _gated_op_infos(row)]
