@@ -32,7 +32,7 @@ Keyword-only schema arguments are passed by keyword to both entries (``..., weig
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -289,36 +289,47 @@ def _csr_spmm_traced(crow_indices: Tensor, col_indices: Tensor, values: Tensor, 
     return _csr_spmm(crow_indices, col_indices, values, dense)
 
 
-class _Transpose(NamedTuple):
-    # Private copies of the structure the transpose was computed from, compared on every hit: an in-place
-    # change to A's indices through another tensor sharing their memory (the tensors A was built from, a
-    # numpy view, .data) bumps no version counter that A can see, so nothing short of the contents proves
-    # the entry current.
-    crow: Tensor
-    col: Tensor
-    K: int
-    tensors: tuple[Tensor, Tensor, Tensor]  # t_crow_indices, t_col_indices, t_perm
+class _Structure:
+    """A private copy of a CSR tensor's indices, and the transpose of that structure once a call needed it.
 
-    def computed_from(self, crow: Tensor, col: Tensor, K: int) -> bool:
+    Compared with A's indices on every call: an in-place change through another tensor sharing their memory
+    (the tensors A was built from, a numpy view, .data) bumps no version counter that A can see, so nothing
+    short of the contents proves the copy current. The copy is what the op runs on when a gradient is
+    recorded, so backward sees the structure the forward used even if A's indices change in between.
+    """
+
+    __slots__ = ("crow", "col", "K", "_transpose")
+
+    def __init__(self, crow: Tensor, col: Tensor, K: int) -> None:
+        self.crow, self.col, self.K = crow.clone(), col.clone(), K
+        self._transpose: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def copies(self, crow: Tensor, col: Tensor, K: int) -> bool:
         return K == self.K and _same_contents(crow, self.crow) and _same_contents(col, self.col)
+
+    def transpose(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(t_crow_indices, t_col_indices, t_perm), computed on first use."""
+        if self._transpose is None:
+            self._transpose = tuple(_csr_transpose(self.crow, self.col, self.K))
+        return self._transpose
 
 
 def _same_contents(a: Tensor, b: Tensor) -> bool:
     return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and torch.equal(a, b)
 
 
-# One transpose per sparse tensor, dropped with it. Keyed by identity: a CSR tensor built anew each call
+# One structure per sparse tensor, dropped with it. Keyed by identity: a CSR tensor built anew each call
 # (even from the same index tensors) misses the cache.
-_TRANSPOSE_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_STRUCTURE_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _cached_transpose(A: Tensor, crow: Tensor, col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _cached_structure(A: Tensor, crow: Tensor, col: Tensor) -> _Structure:
     K = A.size(1)
-    entry = _TRANSPOSE_CACHE.get(A)
-    if entry is None or not entry.computed_from(crow, col, K):
-        entry = _Transpose(crow.clone(), col.clone(), K, tuple(_csr_transpose(crow, col, K)))
-        _TRANSPOSE_CACHE[A] = entry
-    return entry.tensors
+    entry = _STRUCTURE_CACHE.get(A)
+    if entry is None or not entry.copies(crow, col, K):
+        entry = _Structure(crow, col, K)
+        _STRUCTURE_CACHE[A] = entry
+    return entry
 
 
 def _csr_parts(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -342,20 +353,24 @@ def spmm(A: Tensor, dense: Tensor) -> Tensor:
     """``A @ dense`` for a 2-D ``torch.sparse_csr_tensor`` ``A`` (M x K) and a K x N ``dense``; see :func:`csr_spmm`.
 
     Gradients flow to ``dense`` and to ``A`` (through ``A.values()``; ``A.grad`` is then a sparse CSR
-    tensor with A's structure). When ``dense`` needs a gradient, the transposed structure of ``A`` (a
-    stable sort of its nonzeros by column) is computed once and cached on ``A`` (dropped with it), with a
-    private copy of A's indices: each later call compares A's indices with that copy (one pass over them;
-    on CUDA a synchronisation) and recomputes the transpose if they changed in place by any route. A GNN
-    layer that multiplies by the same adjacency every step then pays for the transpose once, and each
+    tensor with A's structure). When a gradient is recorded, the op runs on a private copy of A's indices,
+    cached on ``A`` (dropped with it) and compared with A's indices on each call (one pass over them; on
+    CUDA a synchronisation): backward then uses the structure the forward used, even if A's indices change
+    in place by any route in between, and a copy that no longer matches is taken anew. When ``dense``
+    needs a gradient, the transposed structure (a stable sort of the nonzeros by column) is computed once
+    per copy: a GNN layer that multiplies by the same adjacency every step pays for it once, and each
     backward is one SDDMM plus one SpMM. ``torch.compile`` does not take sparse tensors: it breaks the
     graph at ``A`` and this function runs eagerly there; in compiled code, call :func:`csr_spmm` with A's
     index tensors. Traced code never caches.
     """
     _check_spmm_args(A, dense)
     crow, col, values = _csr_parts(A)
-    if torch.is_grad_enabled() and dense.requires_grad:
-        return _csr_spmm_with_transpose_c(crow, col, values, dense, *_cached_transpose(A, crow, col))
-    return _csr_spmm_c(crow, col, values, dense)
+    if not (torch.is_grad_enabled() and (dense.requires_grad or values.requires_grad)):
+        return _csr_spmm_c(crow, col, values, dense)
+    structure = _cached_structure(A, crow, col)
+    if not dense.requires_grad:
+        return _csr_spmm_c(structure.crow, structure.col, values, dense)
+    return _csr_spmm_with_transpose_c(structure.crow, structure.col, values, dense, *structure.transpose())
 
 
 @traced_as(spmm)
