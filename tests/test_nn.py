@@ -37,7 +37,8 @@ def _pair(kind: str, shape, device: str = "cpu", dtype: torch.dtype = F64, **kwa
     return ours, theirs
 
 
-def _input(shape, *lead: int, device: str = "cpu", dtype: torch.dtype = F64, requires_grad: bool = False) -> torch.Tensor:
+def _input(shape, *lead: int, device: str = "cpu", dtype: torch.dtype = F64,
+           requires_grad: bool = False) -> torch.Tensor:
     trailing = (shape,) if isinstance(shape, int) else tuple(shape)
     return torch.randn(*lead, *trailing, device=device, dtype=dtype, requires_grad=requires_grad)
 
