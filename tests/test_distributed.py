@@ -125,6 +125,19 @@ def test_gloo_world_size_4():
     spawn(4, "gloo", [*OP_CHECKS, "mesh_2d", "tp_block", "fsdp"])
 
 
+@pytest.mark.slow
+def test_example_runs_under_torchrun() -> None:
+    # The README's launch line for examples/distributed_rms_norm.py, on the CPU (gloo), two processes.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          os.path.join(root, "examples", "distributed_rms_norm.py"), "--device", "cpu"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok: the block trained on 2 ranks (cpu) matches the block trained on whole tensors" in out.stdout, out.stdout
+    assert out.stdout.count("step ") == 3, out.stdout
+
+
 @pytest.mark.cuda
 @pytest.mark.slow
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2) or not dist.is_nccl_available(),
