@@ -26,7 +26,7 @@ def _load_sharding_rules() -> None:
     import torchops.distributed  # noqa: F401  registers DTensor sharding rules for every myns op
 
 
-# DTensor sharding rules load with torch.distributed.tensor (seconds to import, so not before a program does).
+# DTensor sharding rules load with torch.distributed.tensor (slow to import, so not before a program does).
 after_import("torch.distributed.tensor", _load_sharding_rules)
 __version__ = "0.1.0"
 
