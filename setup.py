@@ -224,5 +224,5 @@ setup(
                                "share/cmake/torchops/*.cmake"]},
     ext_modules=_extensions(),
     cmdclass={"build_ext": BuildTorchops.with_options(use_ninja=shutil.which("ninja") is not None)},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},  # _C's stable ABI: Python 3.10 and later
 )
