@@ -11,8 +11,7 @@ from typing import Any
 from torchops import _native
 
 _C = _native.load()  # registers the myns schemas and the CPU/CUDA/Autograd kernels
-
-import meta_kernels  # noqa: E402,F401  fake kernels for torch.compile / torch.export
+_native.load_fake_kernels()  # torchops._meta_kernels: fake kernels for torch.compile / torch.export
 
 from torchops import nn, ops  # noqa: E402
 from torchops._after_import import after_import  # noqa: E402

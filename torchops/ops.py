@@ -1,7 +1,7 @@
 """Typed Python wrappers over the torch.ops.myns operators.
 
 Each wrapper is a thin call into the dispatcher: argument checking happens once, in C++ (and in the fake
-kernels under meta_kernels), so errors read the same however the op is reached.
+kernels, torchops._meta_kernels), so errors read the same however the op is reached.
 
 One pattern for every wrapper, two bodies with the same logic:
 
@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from meta_kernels._checks import INT_DTYPES, message
+from torchops._meta_kernels._checks import INT_DTYPES, message
 from torchops._polyfills import scripted_as, traced_as
 
 __all__ = ["add_rms_norm", "csr_spmm", "gelu_and_mul", "layer_norm", "rms_norm", "spmm", "swiglu", "vector_add"]
