@@ -217,12 +217,17 @@ class BuildTorchops(BuildExtension):
 if shutil.which("ninja") is None:
     _log("ninja not found: falling back to a slow serial build (pip install ninja)")
 
+# The fake kernels live in the repo's top-level meta_kernels/ folder and install inside torchops, as the
+# package csrc/ops.cpp's set_python_module names (a generic top-level name could clash with another project).
+FAKE_KERNELS = "torchops._meta_kernels"
+
 setup(
-    packages=find_packages(include=["torchops", "torchops.*", "meta_kernels", "meta_kernels.*"]),
+    packages=[*find_packages(include=["torchops", "torchops.*"]), FAKE_KERNELS],
+    package_dir={FAKE_KERNELS: "meta_kernels"},
     # The C++ side ships in the package, laid out as torch lays out its own: include/, lib/, share/cmake/.
     package_data={"torchops": ["_build_info.json", "py.typed", "include/torchops/*.h",
                                "share/cmake/torchops/*.cmake"]},
     ext_modules=_extensions(),
     cmdclass={"build_ext": BuildTorchops.with_options(use_ninja=shutil.which("ninja") is not None)},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},  # _C's stable ABI: Python 3.10 and later
 )

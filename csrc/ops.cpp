@@ -6,8 +6,8 @@
 //   - the comment right above a public op's define() becomes its doc comment in the generated C++ header
 //     <torchops/ops.h> (scripts/gen_ops_header.py; public: no leading underscore, no _backward).
 // Kernels for the schemas live in cpu/, cuda/ and autograd/; their fake (meta) kernels in the Python module
-// meta_kernels.<op>, which set_python_module names (exactly: PyTorch checks) before each group. The Python
-// extension module itself is csrc/python/module.cpp.
+// torchops._meta_kernels.<op> (the repo's meta_kernels/<op>.py), which set_python_module names (exactly:
+// PyTorch checks) before each group. The Python extension module itself is csrc/python/module.cpp.
 #include <torch/library.h>
 
 #include <initializer_list>
@@ -87,25 +87,25 @@ void define(torch::Library& m, const char* schema, Pointwise pointwise) {
 }  // namespace
 
 TORCH_LIBRARY(myns, m) {
-  m.set_python_module("meta_kernels.vector_add");
+  m.set_python_module("torchops._meta_kernels.vector_add");
   // a + b (same shape, dtype and device); a new contiguous tensor.
   define(m, "vector_add(Tensor a, Tensor b) -> Tensor", Cast::kPromote, Pointwise{"a", "b"});
   // Writes a + b into out (which may be a or b).
   define(m, "vector_add_out(Tensor a, Tensor b, Tensor(a!) out) -> ()", Cast::kPromote, Pointwise{});
 
-  m.set_python_module("meta_kernels.swiglu");
+  m.set_python_module("torchops._meta_kernels.swiglu");
   // silu(gate) * up.
   define(m, "swiglu(Tensor gate, Tensor up) -> Tensor", Cast::kPromote, Pointwise{});
   define(m, "swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)", Pointwise{"grad_out"});
 
-  m.set_python_module("meta_kernels.gelu_and_mul");
+  m.set_python_module("torchops._meta_kernels.gelu_and_mul");
   // F.gelu(gate, approximate=approximate) * up; approximate is "none" (erf) or "tanh".
   define(m, "gelu_and_mul(Tensor gate, Tensor up, str approximate=\"none\") -> Tensor", Cast::kPromote, Pointwise{});
   define(m, "gelu_and_mul_backward(Tensor grad_out, Tensor gate, Tensor up, str approximate=\"none\") "
             "-> (Tensor, Tensor)",
          Pointwise{"grad_out"});
 
-  m.set_python_module("meta_kernels.csr_spmm");
+  m.set_python_module("torchops._meta_kernels.csr_spmm");
   // A @ dense for the M x K CSR matrix A = (crow_indices, col_indices, values), K = dense.size(0).
   // Autocast: lower precision, like torch.sparse.mm (addmm).
   define(m, "csr_spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> Tensor",
@@ -121,7 +121,7 @@ TORCH_LIBRARY(myns, m) {
   // nonzero, t_perm[nnz] = its position in A), stable: rows ascending within each column.
   define(m, "_csr_transpose(Tensor crow_indices, Tensor col_indices, SymInt K) -> (Tensor, Tensor, Tensor)");
 
-  m.set_python_module("meta_kernels.rms_norm");
+  m.set_python_module("torchops._meta_kernels.rms_norm");
   // input * rsqrt(mean(input^2, -1) + eps) * (weight + weight_offset), over the last dimension; the offset
   // is added in f32 (Gemma stores w and scales by 1 + w).
   // Autocast: as F.rms_norm, as is on the CPU (in no CPU list), float32 on CUDA (autocast's fp32 list).
@@ -149,7 +149,7 @@ TORCH_LIBRARY(myns, m) {
   define(m, "_add_rms_norm_backward(Tensor grad_out, Tensor? grad_residual_out, Tensor residual_out, Tensor? weight, "
             "Tensor rstd, bool weight_grad, float weight_offset=0.0) -> (Tensor grad_input, Tensor grad_weight)");
 
-  m.set_python_module("meta_kernels.layer_norm");
+  m.set_python_module("torchops._meta_kernels.layer_norm");
   // F.layer_norm(input, (N,), weight, bias, eps) over the last dimension N: (input - mean) * rstd * weight + bias,
   // the mean and the biased variance in f32 (f64 for f64 input).
   // Autocast: as F.layer_norm, as is on the CPU, float32 on CUDA (autocast's fp32 list).

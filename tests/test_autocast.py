@@ -4,8 +4,9 @@ csrc/autocast.cpp), which is its native counterpart's.
 The declared policies are read from the library (torchops._C.declarations()), never from a copy here: each
 is checked against the kernels registered and against torch's own rule for that policy (what torch.add,
 torch.mm or an op in autocast's fp32 list does under autocast) on op_db's samples. Then the counterparts
-themselves: vector_add/swiglu like add/mul, rms_norm like F.rms_norm, csr_spmm like torch.sparse.mm;
-eager, torch.compile (fullgraph) and torch.export, on CPU and (skipped without a GPU) CUDA.
+themselves: vector_add/swiglu like add/mul, rms_norm and layer_norm like F.rms_norm and F.layer_norm,
+csr_spmm like torch.sparse.mm; eager, torch.compile (fullgraph) and torch.export, on CPU and (skipped without
+a GPU) CUDA.
 """
 
 from __future__ import annotations
@@ -210,26 +211,29 @@ def test_out_is_never_cast(device: str) -> None:
         assert not low_out.any()
 
 
-def _rms_norm_expected_dtype(device: str, input_dtype: torch.dtype) -> torch.dtype:
-    with torch.autocast(device, dtype=torch.bfloat16):
-        x = torch.ones(2, 8, dtype=input_dtype, device=device)
-        return F.rms_norm(x, (8,), torch.ones(8, device=device)).dtype
+# (ours, torch's) on (input, weight, bias) of 8 columns.
+_NORMS = {
+    "rms_norm": (lambda x, w, b: torchops.rms_norm(x, w), lambda x, w, b: F.rms_norm(x, (8,), w, 1e-6)),
+    "layer_norm": (lambda x, w, b: torch.ops.myns.layer_norm(x, w, b), lambda x, w, b: F.layer_norm(x, (8,), w, b)),
+}
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("input_dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_like_torch(device: str, input_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("op", sorted(_NORMS))
+def test_norms_like_torch(device: str, input_dtype: torch.dtype, op: str) -> None:
+    ours, theirs = _NORMS[op]
     x = random_tensor((3, 8), input_dtype, device)
-    w = random_tensor((8,), torch.float32, device)
+    w, b = random_tensor((8,), torch.float32, device), random_tensor((8,), torch.float32, device)
     with torch.autocast(device, dtype=torch.bfloat16):
-        got = torchops.rms_norm(x, w)
-        want = F.rms_norm(x, (8,), w, 1e-6)
+        got = ours(x, w, b)
+        want = theirs(x, w, b)
     # Our policy is torch 2.14's: float32 under CUDA autocast, as is on the CPU. Older torch (2.11) leaves
-    # F.rms_norm in the input's dtype on CUDA; the values agree either way.
-    policy_dtype = torch.float32 if device == "cuda" else input_dtype
-    assert got.dtype == policy_dtype
-    if torch.__version__ >= "2.14" or device == "cpu":
-        assert want.dtype == got.dtype == _rms_norm_expected_dtype(device, input_dtype)
+    # F.rms_norm in the input's dtype on CUDA (F.layer_norm has long been in the float32 list); the values
+    # agree either way.
+    assert got.dtype == (torch.float32 if device == "cuda" else input_dtype)
+    if op == "layer_norm" or torch.__version__ >= "2.14" or device == "cpu":
+        assert want.dtype == got.dtype
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1.6e-2, atol=1e-2)
 
 

@@ -151,11 +151,11 @@ def test_spmm_caches_the_transpose_per_tensor(device: str) -> None:
     A = torch.sparse_csr_tensor(crow, col, torch.randn(col.numel(), device=device), (30, 20))
     dense = torch.randn(20, 8, device=device, requires_grad=True)
     torchops.spmm(A, dense).sum().backward()
-    first = torchops_ops._TRANSPOSE_CACHE[A].tensors
+    first = torchops_ops._STRUCTURE_CACHE[A].transpose()
     grad_first = dense.grad.clone()
     dense.grad = None
     torchops.spmm(A, dense).sum().backward()
-    assert torchops_ops._TRANSPOSE_CACHE[A].tensors[0] is first[0], "the second call must reuse the transpose"
+    assert torchops_ops._STRUCTURE_CACHE[A].transpose()[0] is first[0], "the second call must reuse the transpose"
     torch.testing.assert_close(dense.grad, grad_first, rtol=0, atol=0)
     expected = csr_transpose_reference(crow.cpu(), col.cpu(), 20)
     for got, exp in zip(first, expected):
@@ -163,12 +163,16 @@ def test_spmm_caches_the_transpose_per_tensor(device: str) -> None:
     # No gradient wanted: no transpose computed.
     B = torch.sparse_csr_tensor(crow, col, torch.randn(col.numel(), device=device), (30, 20))
     torchops.spmm(B, dense.detach())
-    assert B not in torchops_ops._TRANSPOSE_CACHE
+    assert B not in torchops_ops._STRUCTURE_CACHE
+    # A gradient for A alone: its structure copied, no transpose computed.
+    B.requires_grad_()
+    torchops.spmm(B, dense.detach()).sum().backward()
+    assert torchops_ops._STRUCTURE_CACHE[B]._transpose is None
     # Indices changed in place: recomputed.
     A.col_indices().copy_(torch.flip(A.col_indices(), [0]))
     dense.grad = None
     torchops.spmm(A, dense).sum().backward()
-    assert torchops_ops._TRANSPOSE_CACHE[A].tensors[0] is not first[0]
+    assert torchops_ops._STRUCTURE_CACHE[A].transpose()[0] is not first[0]
 
 
 class _CountCalls(TorchDispatchMode):
@@ -230,6 +234,30 @@ def test_spmm_transpose_cache_is_reused_until_the_indices_change(device: str) ->
             _spmm_dense_grad(A, dense)
         assert counter.count == 2 + i, f"change {i}: one new transpose, then reused"
         torch.testing.assert_close(got, _expected_dense_grad(crow, col, values, 20, 8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dense_grad", [True, False])
+def test_spmm_backward_uses_the_structure_the_forward_used(device: str, dense_grad: bool) -> None:
+    # A's column indices changed in place (through the tensor A was built from) between forward and
+    # backward: both gradients are those of the product the forward computed (the old code gave dense's
+    # gradient by the old structure, through the cached transpose, and A's by the new one).
+    crow, col = torch.tensor([0, 2, 3, 5], device=device), torch.tensor([0, 2, 1, 0, 3], device=device)
+    values = torch.randn(5, device=device, dtype=torch.float64)
+    A = torch.sparse_csr_tensor(crow, col, values, (3, 4)).requires_grad_()
+    dense = torch.randn(4, 6, device=device, dtype=torch.float64, requires_grad=dense_grad)
+    ref_values = values.clone().requires_grad_()
+    ref_dense = dense.detach().clone().requires_grad_(dense_grad)
+    ref = torchops.csr_spmm(crow.clone(), col.clone(), ref_values, ref_dense)
+    out = torchops.spmm(A, dense)
+    torch.testing.assert_close(out, ref)
+    col.copy_(torch.tensor([1, 3, 0, 2, 3], device=device))  # still valid: sorted distinct columns per row
+    g = torch.randn_like(out)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(A.grad.values(), ref_values.grad)
+    if dense_grad:
+        torch.testing.assert_close(dense.grad, ref_dense.grad)
 
 
 def test_spmm_rejects_non_csr() -> None:

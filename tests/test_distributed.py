@@ -22,7 +22,7 @@ import distributed_workers
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
-OP_CHECKS = ["elementwise", "norm", "csr"]
+OP_CHECKS = ["elementwise", "norm", "layer_norm", "csr"]
 
 
 def spawn(world_size: int, backend: str, checks: list[str]) -> dict[str, int]:
@@ -125,6 +125,19 @@ def test_gloo_world_size_4():
     spawn(4, "gloo", [*OP_CHECKS, "mesh_2d", "tp_block", "fsdp"])
 
 
+@pytest.mark.slow
+def test_example_runs_under_torchrun() -> None:
+    # The README's launch line for examples/distributed_rms_norm.py, on the CPU (gloo), two processes.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          os.path.join(root, "examples", "distributed_rms_norm.py"), "--device", "cpu"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ok: the block trained on 2 ranks (cpu) matches the block trained on whole tensors" in out.stdout, out.stdout
+    assert out.stdout.count("step ") == 3, out.stdout
+
+
 @pytest.mark.cuda
 @pytest.mark.slow
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2) or not dist.is_nccl_available(),
@@ -173,3 +186,36 @@ def test_norm_rules_read_arguments_by_name():
     assert ([S1, P], [S1, S1, R, S1, None, None, None]) in bwd
     bwd = rules["_rms_norm_backward"](ns._rms_norm_backward.default)(x, x, w, rstd, False, True)
     assert ([R, P], [S1, S1, R, S1, None, None, None]) in bwd  # grad_input not asked for: a placeholder
+
+
+def test_layer_norm_rules() -> None:
+    # layer_norm and its internal ops, applied to their schemas: rows sharded on any dimension but the
+    # last, weight and bias replicated, the statistics placed as the rows, and the parameters' gradients
+    # Partial when the rows are sharded (and when the incoming gradient is), Replicate when not asked for.
+    import types
+
+    import torchops.distributed as td
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    def spec(*shape: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(shape=torch.Size(shape), placements=(Replicate(),))
+
+    x, w, stat = spec(2, 6, 8), spec(8), spec(2, 6)
+    S0, S1, S2, R, P = Shard(0), Shard(1), Shard(2), Replicate(), Partial()
+    ln = torch.ops.myns
+    fwd = td.rule_factory(ln.layer_norm.default)(ln.layer_norm.default)(x, w, w, 1e-5)
+    assert ([S1], [S1, R, R, None]) in fwd and ([S0], [S0, R, R, None]) in fwd and ([R], [R, R, R, None]) in fwd
+    assert not any(outs == [S2] for outs, _ in fwd)  # never the normalised dimension
+    fwd = td.rule_factory(ln.layer_norm.default)(ln.layer_norm.default)(x, None, w, 1e-5)
+    assert ([S1], [S1, None, R, None]) in fwd
+    fwd = td.rule_factory(ln._layer_norm_forward.default)(ln._layer_norm_forward.default)(x, w, None, 1e-5)
+    assert ([S1, S1, S1], [S1, R, None, None]) in fwd
+    backward = ln._layer_norm_backward.default
+    bwd = td.rule_factory(backward)(backward)(x, x, w, stat, stat, True, True, True)
+    assert ([S1, P, P], [S1, S1, R, S1, S1, None, None, None]) in bwd
+    assert ([P, P, P], [P, R, R, R, R, None, None, None]) in bwd
+    assert ([R, R, R], [R, R, R, R, R, None, None, None]) in bwd
+    bwd = td.rule_factory(backward)(backward)(x, x, None, stat, stat, True, False, True)  # no weight
+    assert ([S1, R, P], [S1, S1, None, S1, S1, None, None, None]) in bwd
+    bwd = td.rule_factory(backward)(backward)(x, x, w, stat, stat, False, True, False)
+    assert ([R, P, R], [S1, S1, R, S1, S1, None, None, None]) in bwd

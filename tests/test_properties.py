@@ -37,7 +37,8 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchops
-from helpers import DEVICES, FLOAT_DTYPES, INT_DTYPES, TOLERANCES, assert_close_to_reference, exact_gelu, run_python
+from helpers import (DEVICES, FLOAT_DTYPES, INT_DTYPES, TOLERANCES, assert_close_to_reference, exact_gelu, run_python,
+                     ulp)
 from op_db import upcast
 
 _COMMON = dict(deadline=None, database=None, print_blob=True,
@@ -284,15 +285,25 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
-    """float64 math, except where the op's documented statistics precision (float32 sums for 16- and 32-bit
-    input, as F.rms_norm) decides the result, not just its rounding: each square is formed in that precision
-    (so squares of tiny values underflow as in the op) and the sum of squares is rounded to it (so a sum past
-    its largest finite number is inf, and rstd 0, as in the op). The weight offset is added in that precision."""
+    """float64 math, except where the op's documented statistics precision (float32 for 16- and 32-bit input,
+    as F.rms_norm) decides the result, not just its rounding: each square is formed in that precision (so
+    squares of tiny values underflow as in the op), the mean square is rounded to it, and so is x * rstd
+    before the weight scales it (a product that underflows there is 0, and 0 times an infinite weight NaN,
+    as in F.rms_norm). Where the mean square overflows although the row's values are finite, the op
+    recomputes the row's statistics exactly: so does this, over the row scaled by its largest magnitude
+    (float64 squares overflow too, for float64 input). Rows holding inf or NaN get a mean square of inf or
+    NaN (rstd 0 or NaN), as in the op. The weight offset is added in that precision."""
     stat = _stat_dtype(x.dtype)
+    xd = x.detach().cpu().double()
     sq = x.detach().cpu().to(stat).pow(2)
-    n = x.shape[-1]
-    mean_sq = sq.double().sum(-1, keepdim=True).to(stat).double() / n
-    out = x.detach().cpu().double() * torch.rsqrt(mean_sq + eps)
+    mean_sq = (sq.double().sum(-1, keepdim=True) / x.shape[-1]).to(stat).double()
+    xhat = xd * torch.rsqrt(mean_sq + eps)
+    exact = ~torch.isfinite(mean_sq) & torch.isfinite(xd).all(-1, keepdim=True)
+    if exact.any():
+        largest = xd.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+        scaled = xd / largest
+        xhat = torch.where(exact, scaled * torch.rsqrt(scaled.pow(2).mean(-1, keepdim=True) + eps / largest.pow(2)), xhat)
+    out = xhat.to(stat).double()
     if weight is not None:
         out = out * (weight.detach().cpu().to(stat) + weight_offset).double()
     return out
@@ -304,6 +315,24 @@ def _rms_norm_weight(data, n: int, dtype: torch.dtype, device: str) -> torch.Ten
         return None
     wdtype = torch.float32 if kind == "f32" and dtype in (torch.float16, torch.bfloat16) else dtype
     return make(data.draw(specs((n,), wdtype), label="weight"), device)
+
+
+def _away_from_overflow(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float) -> torch.Tensor | None:
+    """The weight, except in the columns where some output lies within a few of its dtype's ulps of the
+    largest finite number (a weight near it times an x * rstd near 1): whether that output rounds to the
+    largest finite number or to inf depends on the last bit of x * rstd, which is correct either way (a
+    different summation order flips it). Those columns are left out of the domain: their weight becomes
+    1 - offset (a dense copy of the weight, still a valid input)."""
+    if weight is None:
+        return None
+    expected = rms_norm_reference(x, weight, eps, offset)
+    fi = torch.finfo(x.dtype)
+    near = (expected.abs() > fi.max * (1 - 16 * fi.eps)).reshape(-1, x.shape[-1]).any(0)
+    if not near.any():
+        return weight
+    weight = weight.clone()
+    weight[near.to(weight.device)] = 1 - offset
+    return weight
 
 
 _EPS = st.sampled_from((1e-6, 1e-5, 0.0, 0.1, 1.0))
@@ -318,6 +347,7 @@ def test_rms_norm_matches_float64_reference(data, dtype, device, eps) -> None:
     kwargs: dict[str, Any] = {}
     if HAS_WEIGHT_OFFSET and weight is not None:
         kwargs["weight_offset"] = data.draw(_OFFSETS, label="weight_offset")
+    weight = _away_from_overflow(x, weight, eps, kwargs.get("weight_offset", 0.0))
     out = MYNS.rms_norm.default(x, weight, eps, **kwargs)
     _check_new_output(out, rms_norm_reference(x, weight, eps, kwargs.get("weight_offset", 0.0)), device)
     assert out.dtype == dtype
@@ -331,13 +361,86 @@ def test_add_rms_norm_matches_float64_reference(data, dtype, device, eps) -> Non
     residual = make(data.draw(specs(shape, dtype), label="residual"), device)
     weight = _rms_norm_weight(data, shape[-1], dtype, device)
     offset = data.draw(_OFFSETS, label="weight_offset") if weight is not None else 0.0
-    out, residual_out = MYNS.add_rms_norm.default(x, residual, weight, eps, offset)
     # The contract: residual_out is input + residual rounded to input's dtype, and out normalises that
     # rounded tensor (what the next layer reads back), so the reference normalises the rounded sum too.
     rounded = (upcast((x,))[0] + upcast((residual,))[0]).to(dtype)
+    weight = _away_from_overflow(rounded, weight, eps, offset)
+    out, residual_out = MYNS.add_rms_norm.default(x, residual, weight, eps, offset)
     _check_new_output(residual_out, rounded.double(), device)
     assert residual_out.dtype == dtype and out.dtype == dtype
     _check_new_output(out, rms_norm_reference(rounded, weight, eps, offset), device)
+
+
+# -------------------------------------------------------------------------------------------- layer_norm
+
+def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, allowance): float64 math where the op's statistics precision (float32 for 16- and 32-bit input,
+    as F.layer_norm) decides the result, as rms_norm_reference: the mean is a number of that precision, each
+    deviation x - mean and its square are formed in it, the variance and (x - mean) * rstd are rounded to
+    it; where the mean or variance overflows although the row's values are finite, the op recomputes the
+    row's statistics exactly, and so does this (over the row scaled by its largest magnitude). The allowance
+    is what the mean's own rounding may move the output by (an ulp of the mean, times rstd and the weight),
+    beyond the output dtype's tolerance."""
+    stat = _stat_dtype(x.dtype)
+    xd = x.detach().cpu().double()
+    n = x.shape[-1]
+    first = xd[..., :1]  # the mean shifted by the first value, so a row of equal values has exactly that mean
+    mean = (first + (xd - first).sum(-1, keepdim=True) / n).to(stat).double()
+    dev = (xd - mean).to(stat)
+    var = (dev.pow(2).double().sum(-1, keepdim=True) / n).to(stat).double()
+    rstd = torch.rsqrt(var + eps)
+    xhat = dev.double() * rstd
+    exact = ~(torch.isfinite(mean) & torch.isfinite(var)) & torch.isfinite(xd).all(-1, keepdim=True)
+    if exact.any():
+        largest = xd.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+        scaled = xd / largest
+        centred = scaled - scaled.mean(-1, keepdim=True)
+        # eps / largest^2 may underflow: it only counts where every deviation is 0, and there x̂ = 0.
+        denom = centred.pow(2).mean(-1, keepdim=True) + eps / largest.pow(2)
+        xhat = torch.where(exact, torch.where(denom > 0, centred * denom.rsqrt(), 0.0), xhat)
+        rstd = torch.where(exact, torch.where(denom > 0, denom.rsqrt() / largest, 1 / math.sqrt(eps)), rstd)
+        mean = torch.where(exact, scaled.mean(-1, keepdim=True) * largest, mean)
+    out = xhat.to(stat).double()
+    scale = rstd
+    if weight is not None:
+        w = weight.detach().cpu().double()
+        out, scale = out * w, scale * w.abs()
+    if bias is not None:
+        out = out + bias.detach().cpu().double()
+    allowance = 2 * ulp(mean.nan_to_num(), stat) * scale.nan_to_num()
+    return out, allowance
+
+
+_LAYER_NORM_EPS = st.sampled_from((1e-5, 1e-6, 0.1, 1.0))  # eps 0 makes rows of equal values 0 / 0
+
+
+@given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, eps=_LAYER_NORM_EPS,
+       affine=st.sampled_from(("none", "weight", "bias", "both")), f32_params=st.booleans())
+def test_layer_norm_matches_float64_reference(data, dtype, device, eps, affine, f32_params) -> None:
+    """Any values in the input (huge, tiny, inf, NaN, in any layout); weight and bias moderate (a special
+    value there multiplies or adds the same way for any implementation, but whether a product near 0 or
+    near the largest finite number rounds one way or the other decides between 0 and NaN or inf)."""
+    shape = data.draw(shapes(min_rank=1, min_last=1), label="shape")
+    x = make(data.draw(specs(shape, dtype), label="input"), device)
+    pdtype = torch.float32 if f32_params and dtype in (torch.float16, torch.bfloat16) else dtype
+    params = []
+    for name in ("weight", "bias"):
+        spec = data.draw(specs(shape[-1:], pdtype), label=name) if affine in (name, "both") else None
+        params.append(None if spec is None else make(Spec(spec.shape, pdtype, spec.layout, Values(spec.values.seed, "moderate", 0.0)), device))
+    out, mean, rstd = MYNS._layer_norm_forward.default(x, *params, eps)
+    assert out.dtype == dtype and out.device.type == device and out.is_contiguous()
+    expected, allowance = layer_norm_reference(x, *params, eps)
+    rtol, atol = TOLERANCES[dtype]
+    expected_rounded = expected.to(dtype).double()
+    got = out.double().cpu()
+    same_nan = torch.isnan(got) == torch.isnan(expected_rounded)
+    assert bool(same_nan.all()), "NaN where the reference has none, or the reverse"
+    excess = ((got - expected_rounded).abs() - (atol + rtol * expected_rounded.abs() + allowance)).nan_to_num(0.0)
+    both_inf = torch.isinf(got) & (got == expected_rounded)
+    assert bool((excess <= 0).logical_or(both_inf).all()), f"off by {excess.max().item():.3g} past the tolerance"
+    torch.testing.assert_close(MYNS.layer_norm.default(x, *params, eps), out, rtol=0, atol=0, equal_nan=True)
+    assert mean.dtype == rstd.dtype == _stat_dtype(dtype) and mean.shape == rstd.shape == shape[:-1]
 
 
 # ---------------------------------------------------------------------------------------------- csr_spmm
@@ -518,10 +621,17 @@ def _op_cases(data, device):
         ("spmm", lambda d, A=torch.sparse_csr_tensor(crow, col, values, (len(csr.rows), csr.k)): torchops.spmm(A, d),
          lambda d: csr_reference(c64, col64, values.cpu(), d), (x((csr.k, n)),)),
     ]
+    cases.append(("layer_norm", lambda a, w, b: torchops_layer_norm(a, w, b),
+                  lambda a, w, b: torch.nn.functional.layer_norm(a, a.shape[-1:], w, b, 1e-5),
+                  (x(rshape), x(rshape[-1:]), x(rshape[-1:]))))
     if HAS_ADD_RMS_NORM:
         cases.append(("add_rms_norm", lambda a, r, w: MYNS.add_rms_norm.default(a, r, w)[0],
                       lambda a, r, w: rms_norm_reference_functional(a + r, w, 1e-6), (x(rshape), x(rshape), x(rshape[-1:]))))
     return cases
+
+
+def torchops_layer_norm(x, weight, bias):
+    return MYNS.layer_norm.default(x, weight, bias, 1e-5)
 
 
 def rms_norm_reference_functional(x, weight, eps):
@@ -635,8 +745,10 @@ def bad_elementwise_calls(draw, device: str, fault: str):
 def bad_norm_calls(draw, device: str, fault: str):
     if fault.startswith("residual"):
         name = "add_rms_norm"
+    elif fault.startswith("bias"):
+        name = "layer_norm"
     else:
-        name = draw(st.sampled_from(("rms_norm", "add_rms_norm") if HAS_ADD_RMS_NORM else ("rms_norm",)))
+        name = draw(st.sampled_from(("rms_norm", "layer_norm") + (("add_rms_norm",) if HAS_ADD_RMS_NORM else ())))
     dtype = draw(st.sampled_from(FLOAT_DTYPES))
     shape = draw(shapes(min_rank=1, min_last=1, max_numel=200))
     n = shape[-1]
@@ -662,6 +774,13 @@ def bad_norm_calls(draw, device: str, fault: str):
         weight = weight.to(OTHER_DEVICE[device])
     elif fault == "input device":
         x = x.to(OTHER_DEVICE[device])
+    bias = draw(st.sampled_from((None, weight))) if name == "layer_norm" else None
+    if fault == "bias size":
+        bias = torch.randn(draw(st.integers(0, 70).filter(lambda s: s != n)), device=device).to(weight.dtype)
+    elif fault == "bias dtype":
+        allowed = {dtype, torch.float32} if dtype in (torch.float16, torch.bfloat16) else {dtype}
+        bias = weight.to(draw(st.sampled_from([t for t in FLOAT_DTYPES + INT_DTYPES if t not in allowed])))
+        weight = None  # (with a weight of another dtype the pair's own dtype check could speak first)
     elif fault == "residual shape":
         residual = torch.zeros(draw(other_shapes(shape)), dtype=dtype, device=device)
     elif fault == "residual dtype":
@@ -670,6 +789,8 @@ def bad_norm_calls(draw, device: str, fault: str):
         residual = residual.to(OTHER_DEVICE[device])
     if name == "rms_norm":
         return name, fault, lambda: MYNS.rms_norm.default(x, weight, 1e-6), (x, weight), True
+    if name == "layer_norm":
+        return name, fault, lambda: MYNS.layer_norm.default(x, weight, bias, 1e-5), (x, weight, bias), True
     return name, fault, lambda: MYNS.add_rms_norm.default(x, residual, weight, 1e-6), (x, residual, weight), True
 
 
@@ -723,7 +844,8 @@ FAULT_WORDS: dict[str, tuple[str, ...]] = {
     "0-dim": ("input", "dimension"), "empty rows": ("input", "dimension"), "int input": ("input", "unsupported dtype"),
     "weight size": ("weight",), "weight rank": ("weight",), "weight dtype": ("weight", "dtype"),
     "weight device": ("weight", "device"), "input device": ("device",), "residual shape": ("residual", "shape"),
-    "residual dtype": ("residual", "dtype"), "residual device": ("residual", "device"),
+    "residual dtype": ("residual", "dtype"), "residual device": ("residual", "device"), "bias size": ("bias",),
+    "bias dtype": ("bias", "dtype"),
     "index dtypes differ": ("crow_indices", "col_indices", "dtype"), "float indices": ("indices", "unsupported dtype"),
     "crow 2-D": ("crow_indices",), "crow empty": ("crow_indices",), "col 2-D": ("col_indices",),
     "values 2-D": ("values",), "values length": ("values",), "dense rank": ("dense",), "dtypes differ": ("dtype",),
@@ -744,7 +866,8 @@ _FAULTS = {
     "elementwise": ("shape", "dtype", "unsupported", "device", "out shape", "out dtype", "out device", "requires grad",
                     "int swiglu"),
     "norm": ("0-dim", "empty rows", "int input", "weight size", "weight rank", "weight dtype", "weight device",
-             "input device") + (("residual shape", "residual dtype", "residual device") if HAS_ADD_RMS_NORM else ()),
+             "input device", "bias size", "bias dtype")
+            + (("residual shape", "residual dtype", "residual device") if HAS_ADD_RMS_NORM else ()),
     "csr": ("index dtypes differ", "float indices", "crow 2-D", "crow empty", "col 2-D", "values 2-D", "values length",
             "dense rank", "dtypes differ", "int values", "unsupported values", "values device", "dense device",
             "index device"),

@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch._dynamo.testing
 
+import torchops
+
 from helpers import DEVICES, run_python
 from op_db import OP_DB, OpInfo, ops
 
@@ -186,3 +188,20 @@ def test_aoti_package_fresh_process(device: str, tmp_path) -> None:
     torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "model.pt2"))
     _check_in_fresh_process(OP_DB, device, str(tmp_path), module,
                             "fn = torch._inductor.aoti_load_package(os.path.join(directory, 'model.pt2'))")
+
+
+def test_compiled_csr_spmm_on_a_sparse_tensors_parts() -> None:
+    # The README's advice for compiled code (torch.compile takes no sparse tensor): pass A's index tensors
+    # and a clone of A.values() (the view itself trips dynamo): one graph, and the gradient still reaches A.
+    crow, col = torch.tensor([0, 2, 2, 3]), torch.tensor([1, 3, 0])
+    A = torch.sparse_csr_tensor(crow, col, torch.randn(3, dtype=torch.float64), (3, 4)).requires_grad_()
+    dense = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(lambda c, k, v, d: torchops.csr_spmm(c, k, v, d) * 2, backend=counter, fullgraph=True)
+    out = compiled(A.crow_indices(), A.col_indices(), A.values().clone(), dense)
+    torch.testing.assert_close(out, 2 * (A.detach().to_dense() @ dense.detach()))
+    out.sum().backward()
+    assert counter.frame_count == 1
+    assert A.grad is not None and dense.grad is not None
+    torch.testing.assert_close(A.grad.to_dense(), 2 * (torch.ones(3, 5, dtype=torch.float64) @ dense.detach().t())
+                               * (A.detach().to_dense() != 0))

@@ -11,8 +11,7 @@ from typing import Any
 from torchops import _native
 
 _C = _native.load()  # registers the myns schemas and the CPU/CUDA/Autograd kernels
-
-import meta_kernels  # noqa: E402,F401  fake kernels for torch.compile / torch.export
+_native.load_fake_kernels()  # torchops._meta_kernels: fake kernels for torch.compile / torch.export
 
 from torchops import nn, ops  # noqa: E402
 from torchops._after_import import after_import  # noqa: E402
@@ -26,7 +25,7 @@ def _load_sharding_rules() -> None:
     import torchops.distributed  # noqa: F401  registers DTensor sharding rules for every myns op
 
 
-# DTensor sharding rules load with torch.distributed.tensor (seconds to import, so not before a program does).
+# DTensor sharding rules load with torch.distributed.tensor (slow to import, so not before a program does).
 after_import("torch.distributed.tensor", _load_sharding_rules)
 __version__ = "0.1.0"
 

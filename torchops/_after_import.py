@@ -2,7 +2,7 @@
 
 torchops has work that only matters to users of heavy parts of torch (registering torch.compile's traced
 twins needs torch._dynamo; DTensor sharding rules need torch.distributed.tensor). Importing those at
-``import torchops`` would cost seconds; instead the work is tied to their import: done at once if the
+``import torchops`` would make it slow; instead the work is tied to their import: done at once if the
 module is already imported, otherwise right after its body has run, by a ``sys.meta_path`` finder that
 wraps the module's loader (and is removed once nothing is pending). Nothing runs per call.
 """

@@ -1,9 +1,14 @@
-"""Loads the native extension, turning a build/runtime torch mismatch into a readable ImportError."""
+"""Loads the native extension, turning a build/runtime torch mismatch into a readable ImportError, and the
+fake kernels."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
+import sys
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -52,3 +57,30 @@ def load() -> Any:
             f"running torch {torch.__version__}): {e}. {REBUILD_HINT}"
         ) from e
     return _C
+
+
+# The fake kernels' package, as csrc/ops.cpp's set_python_module names its modules (PyTorch checks the name).
+# A wheel installs the repo's top-level meta_kernels/ folder there (setup.py's package_dir); a source tree
+# (in place, or an editable install) has only the folder, beside this package. Decided by this package's own
+# location, not by what the import system could find elsewhere (another checkout's editable install).
+FAKE_KERNELS = "torchops._meta_kernels"
+
+
+def load_fake_kernels() -> ModuleType:
+    """Imports the fake kernels as FAKE_KERNELS, registering every myns op's."""
+    if os.path.isdir(os.path.join(_PACKAGE_DIR, "_meta_kernels")):  # installed from a wheel
+        return importlib.import_module(FAKE_KERNELS)
+    folder = os.path.join(os.path.dirname(_PACKAGE_DIR), "meta_kernels")
+    init = os.path.join(folder, "__init__.py")
+    if not os.path.isfile(init):
+        raise ImportError(f"torchops: no fake kernels: neither {FAKE_KERNELS} nor {folder} exists; {REBUILD_HINT}")
+    spec = importlib.util.spec_from_file_location(FAKE_KERNELS, init, submodule_search_locations=[folder])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[FAKE_KERNELS] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[FAKE_KERNELS]
+        raise
+    setattr(sys.modules["torchops"], "_meta_kernels", module)
+    return module

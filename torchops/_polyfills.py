@@ -1,14 +1,20 @@
-"""Tells torch.compile what to trace in place of the eager wrappers, without importing torch._dynamo.
+"""Tells torch.compile and TorchScript what to compile in place of the eager wrappers.
 
 An eager wrapper in ``torchops.ops`` calls the C++ entry behind an OpOverload (``OpOverload._op``), which
-dynamo cannot see into. ``torch.compiler.substitute_in_graph`` registers a twin that calls the OpOverloads
-instead, so dynamo traces the twin and the ops land in the graph. But that registration imports
-torch._dynamo (about a second on a small machine, most of ``import torchops`` otherwise), and only
-torch.compile/torch.export, which import torch._dynamo themselves, ever read it.
+neither dynamo nor TorchScript can see into.
+
+torch.compile: ``torch.compiler.substitute_in_graph`` registers a twin that calls the OpOverloads instead,
+so dynamo traces the twin and the ops land in the graph. But that registration imports torch._dynamo
+(most of the cost of ``import torchops`` otherwise), and only torch.compile/torch.export, which import
+torch._dynamo themselves, ever read it.
 
 So ``traced_as`` only records the pair; the pairs are registered when torch._dynamo is imported
 (``_after_import``: at once if it already is, otherwise right after its module body has run).
 Nothing runs per call.
+
+TorchScript: ``scripted_as`` registers the wrapper as a builtin of its op, as torch's own Python functions
+are, so a scripted call of the wrapper is a call of the op (the schema's arguments and defaults;
+tests/test_wrappers.py checks that the wrapper takes the same).
 """
 
 from __future__ import annotations
@@ -41,6 +47,20 @@ def traced_as(eager: Callable[..., Any]) -> Callable[[_F], _F]:
             after_import(_DYNAMO, _register_pending)
         return traced
     return record
+
+
+def scripted_as(op: Any) -> Callable[[_F], _F]:
+    """Decorator: TorchScript compiles a call of the decorated wrapper as a call of the OpOverload ``op``.
+
+    The wrapper must take the schema's arguments with its defaults (it may make some keyword-only, and add
+    keyword-only options of its own, which TorchScript then does not take). Returns the wrapper unchanged.
+    """
+    def register(wrapper: _F) -> _F:
+        import torch
+
+        torch.jit._builtins._register_builtin(wrapper, op._schema.name)
+        return wrapper
+    return register
 
 
 def _register_pending() -> None:

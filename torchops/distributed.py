@@ -16,12 +16,13 @@ redistributes the inputs that don't match it):
   with ``grad_out`` ``Partial``, the others ``Replicate``). A pointwise op that writes an argument
   (``vector_add_out``) writes it as it is placed: the other inputs are redistributed to its placements,
   it never is.
-- ``rms_norm``, ``_rms_norm_forward``, ``add_rms_norm``, ``_add_rms_norm_forward`` and their backward ops:
-  ``Shard(d)`` on any dimension but the last (the normalised one) -> the same on the outputs and on ``rstd``;
-  a ``Shard`` of the last dimension is redistributed (every rule shards another dimension or replicates);
-  ``weight`` is ``Replicate``; ``grad_weight`` comes out ``Partial(sum)`` when the rows are sharded (each
-  rank sums over its own rows), ``Replicate`` when nothing is. The backward ops are linear in the incoming
-  gradients, so ``Partial`` gradients pass through them.
+- The norms (``rms_norm``, ``add_rms_norm``, ``layer_norm``), their internal forward ops and their backward
+  ops: ``Shard(d)`` on any dimension but the last (the normalised one) -> the same on the outputs and on
+  the row statistics (``rstd``, ``mean``); a ``Shard`` of the last dimension is redistributed (every rule
+  shards another dimension or replicates); ``weight`` and ``bias`` are ``Replicate``; ``grad_weight`` and
+  ``grad_bias`` come out ``Partial(sum)`` when the rows are sharded (each rank sums over its own rows),
+  ``Replicate`` when nothing is. The backward ops are linear in the incoming gradients, so ``Partial``
+  gradients pass through them.
 - ``csr_spmm`` and ``_csr_spmm_with_transpose``: the sparse operands (index tensors, values) are
   ``Replicate``: ``dense`` ``Replicate`` -> ``Replicate``, ``dense`` ``Shard(1)`` (column-sharded) ->
   ``Shard(1)``; ``Partial`` values or dense -> ``Partial``. ``_csr_sddmm`` (the gradient of values):
@@ -164,19 +165,26 @@ def _pointwise(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
 # Row normalisation: rows may be sharded on any dimension but the last; weight replicated.
 
 
+_NORM_PARAMS = ("weight", "bias")  # per-element parameters of the normalised dimension: replicated
+
+
+def _present(args: _Args, names: Sequence[str]) -> list[str]:
+    return [n for n in names if n in args.values and args.is_tensor(n)]
+
+
 def _norm_forward(op: torch._ops.OpOverload, outputs: Sequence[str]) -> Callable[..., list[Strategy]]:
-    """rms_norm-like forward ops. outputs: 'row' (shaped like input) or 'stat' (input.shape[:-1])."""
+    """The norms' forward ops. outputs: 'row' (shaped like input) or 'stat' (input.shape[:-1]); both are
+    placed as the rows are."""
 
     def rule(*a: Any, **k: Any) -> list[Strategy]:
         args = _Args(op, a, k)
-        rows = [n for n in ("input", "residual") if n in args.values and args.is_tensor(n)]
+        rows = _present(args, ("input", "residual"))
         ndim = args.ndim("input")
         rules: list[Strategy] = []
         for d in [None, *range(ndim - 1)]:
             p = Replicate() if d is None else Shard(d)
             by = {n: p for n in rows}
-            if args.is_tensor("weight"):
-                by["weight"] = Replicate()
+            by.update({n: Replicate() for n in _present(args, _NORM_PARAMS)})
             rules.append(([p] * len(outputs), args.placements(by)))
         return rules
 
@@ -184,32 +192,31 @@ def _norm_forward(op: torch._ops.OpOverload, outputs: Sequence[str]) -> Callable
 
 
 def _norm_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
-    """_rms_norm_backward and _add_rms_norm_backward: (grad_input, grad_weight).
+    """The norms' backward ops: (grad_input, grad_weight[, grad_bias]), by the schema's return names.
 
-    The saved row tensors (input or residual_out, rstd) and the incoming gradients are sharded alike;
-    grad_weight, summed over rows, is Partial when rows are sharded. Both outputs are linear in the
-    incoming gradients: Partial ones (rows replicated) give Partial outputs. An output the call does not
-    ask for is a [0]-shaped placeholder, Replicate.
+    The saved row tensors (input or residual_out, mean, rstd) and the incoming gradients are sharded alike;
+    grad_weight and grad_bias, sums over rows, are Partial when rows are sharded. Every output is linear in
+    the incoming gradients: Partial ones (rows replicated) give Partial outputs. An output the call does not
+    ask for (its flag false; grad_weight without a weight) is a [0]-shaped placeholder, Replicate.
     """
+    returns = [r.name for r in op._schema.returns]
 
     def rule(*a: Any, **k: Any) -> list[Strategy]:
         args = _Args(op, a, k)
-        grads = [n for n in ("grad_out", "grad_residual_out") if n in args.values and args.is_tensor(n)]
-        saved = [n for n in ("input", "residual_out", "rstd") if n in args.values and args.is_tensor(n)]
-        row_source = "input" if "input" in saved else "residual_out"
-        ndim = args.ndim(row_source)
-        wants_input = bool(args.values.get("input_grad", True))
-        wants_weight = bool(args["weight_grad"]) and args.is_tensor("weight")
+        grads = _present(args, ("grad_out", "grad_residual_out"))
+        saved = _present(args, ("input", "residual_out", "mean", "rstd"))
+        ndim = args.ndim(saved[0])
+        asked = {"grad_input": bool(args.values.get("input_grad", True)),
+                 "grad_weight": bool(args["weight_grad"]) and args.is_tensor("weight"),
+                 "grad_bias": bool(args.values.get("bias_grad", False))}
         rules: list[Strategy] = []
 
-        def add(grad_p: Placement, row_p: Placement, dweight: Placement) -> None:
+        def add(grad_p: Placement, row_p: Placement, param_grad_p: Placement) -> None:
             by = {n: grad_p for n in grads}
             by.update({n: row_p for n in saved})
-            if args.is_tensor("weight"):
-                by["weight"] = Replicate()
-            gi = grad_p if wants_input else Replicate()
-            gw = dweight if wants_weight else Replicate()
-            rules.append(([gi, gw], args.placements(by)))
+            by.update({n: Replicate() for n in _present(args, _NORM_PARAMS)})
+            placed = {"grad_input": grad_p, "grad_weight": param_grad_p, "grad_bias": param_grad_p}
+            rules.append(([placed[r] if asked[r] else Replicate() for r in returns], args.placements(by)))
 
         add(Replicate(), Replicate(), Replicate())
         for d in range(ndim - 1):
@@ -283,6 +290,9 @@ _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]
     "add_rms_norm": lambda op: _norm_forward(op, ("row", "row")),
     "_add_rms_norm_forward": lambda op: _norm_forward(op, ("row", "row", "stat")),
     "_add_rms_norm_backward": _norm_backward,
+    "layer_norm": lambda op: _norm_forward(op, ("row",)),
+    "_layer_norm_forward": lambda op: _norm_forward(op, ("row", "stat", "stat")),
+    "_layer_norm_backward": _norm_backward,
     "csr_spmm": _csr_spmm,
     "_csr_spmm_with_transpose": _csr_spmm,
     "_csr_sddmm": _csr_sddmm,
@@ -322,8 +332,8 @@ def _myns_overloads(name: str) -> list[torch._ops.OpOverload]:
 
 def _cache_every_scalar(op: torch._ops.OpOverload) -> None:
     # register_sharding caches its decision on the tensor placements and int arguments only; our rules
-    # also read bools (_rms_norm_backward's input_grad / weight_grad), so key the cache on every argument
-    # from the first non-tensor one.
+    # also read bools (the norm backward ops' input_grad / weight_grad / bias_grad), so key the cache on
+    # every argument from the first non-tensor one.
     propagator = DTensor._op_dispatcher.sharding_propagator
     info = getattr(propagator, "op_to_schema_info", {}).get(op)
     if info is None:

@@ -1,26 +1,37 @@
 """Typed Python wrappers over the torch.ops.myns operators.
 
 Each wrapper is a thin call into the dispatcher: argument checking happens once, in C++ (and in the fake
-kernels under meta_kernels), so errors read the same however the op is reached.
+kernels, torchops._meta_kernels), so errors read the same however the op is reached.
 
 One pattern for every wrapper, two bodies with the same logic:
 
 - the public one calls the C++ entry behind each OpOverload (``OpOverload._op``, bound once below as
   ``_<op>_c``). OpOverload.__call__ only adds a Python frame and a check for ops with Python-level
   dispatch, which ours are not (torch function and dispatch modes are still honoured in C++), and a small
-  call can't afford either; nor can it afford a runtime ``torch.compiler.is_compiling()`` branch (~0.4 us).
+  call can't afford either; nor can it afford a runtime ``torch.compiler.is_compiling()`` branch.
+  A good call pays for nothing else. A call that raised takes the slow path, ``_failed``, from inside
+  the ``except`` block: a None where the schema wants a tensor becomes a TypeError naming it, and
+  inference-mode tensors that autograd would have to save are retried as clones (torch's functions save
+  only tensors they compute, so they take such inputs); any other error is raised as it came.
 - a twin decorated ``@traced_as(<public>)`` calls the OpOverloads themselves (``_<op>``): torch.compile
   can't see into ``._op``, so it traces the twin instead and the OpOverloads land in the graph. Eager-only
   work (spmm's transpose cache) lives in the public body only.
 
 ``traced_as`` (torchops/_polyfills.py) registers the twin with ``torch.compiler.substitute_in_graph`` once
-torch._dynamo is imported, so ``import torchops`` does not import it. A new op's wrapper is thus::
+torch._dynamo is imported, so ``import torchops`` does not import it. ``scripted_as(<OpOverload>)`` makes
+TorchScript compile a call of the public wrapper as a call of the op, so the wrapper must take the schema's
+arguments and defaults (tests/test_wrappers.py checks it); it may make some keyword-only and add
+keyword-only options of its own (``out=``), which TorchScript does not take. A new op's wrapper is thus::
 
     _rms_norm, _rms_norm_c = _entries(torch.ops.myns.rms_norm.default)
 
+    @scripted_as(_rms_norm)
     def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
         ...  # docstring
-        return _rms_norm_c(input, weight, eps)
+        try:
+            return _rms_norm_c(input, weight, eps)
+        except RuntimeError:
+            return _failed(_rms_norm_c, _rms_norm, input, weight, eps)
 
     @traced_as(rms_norm)
     def _rms_norm_traced(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
@@ -32,16 +43,16 @@ Keyword-only schema arguments are passed by keyword to both entries (``..., weig
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from meta_kernels._checks import INT_DTYPES
-from torchops._polyfills import traced_as
+from torchops._meta_kernels._checks import INT_DTYPES, message
+from torchops._polyfills import scripted_as, traced_as
 
-__all__ = ["add_rms_norm", "csr_spmm", "gelu_and_mul", "rms_norm", "spmm", "swiglu", "vector_add"]
+__all__ = ["add_rms_norm", "csr_spmm", "gelu_and_mul", "layer_norm", "rms_norm", "spmm", "swiglu", "vector_add"]
 
 
 def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
@@ -56,11 +67,38 @@ _swiglu, _swiglu_c = _entries(torch.ops.myns.swiglu.default)
 _gelu_and_mul, _gelu_and_mul_c = _entries(torch.ops.myns.gelu_and_mul.default)
 _rms_norm, _rms_norm_c = _entries(torch.ops.myns.rms_norm.default)
 _add_rms_norm, _add_rms_norm_c = _entries(torch.ops.myns.add_rms_norm.default)
+_layer_norm, _layer_norm_c = _entries(torch.ops.myns.layer_norm.default)
 _csr_spmm, _csr_spmm_c = _entries(torch.ops.myns.csr_spmm.default)
 _csr_spmm_with_transpose, _csr_spmm_with_transpose_c = _entries(torch.ops.myns._csr_spmm_with_transpose.default)
 _csr_transpose = torch.ops.myns._csr_transpose.default
 
 
+def _reject_none(overload: torch._ops.OpOverload, args: tuple[Any, ...]) -> None:
+    """A TypeError naming the op and the first argument (in schema order) where a Tensor is None."""
+    for argument, value in zip(overload._schema.arguments, args):
+        if value is None and isinstance(argument.type, torch.TensorType):
+            raise TypeError(f"{overload._schema.name}: {argument.name} must be a Tensor, got None") from None
+
+
+def _failed(entry: Callable[..., Any], overload: torch._ops.OpOverload, *args: Any) -> Any:
+    """The slow path of a call whose C++ entry raised, called from its ``except`` block (never on a good call).
+
+    ``args`` are the entry's arguments, in schema order. A None where the schema wants a Tensor is a
+    TypeError naming the op and the argument (the dispatcher would report "no tensor arguments" with its
+    kernel table, or an undefined tensor). Tensors made under ``torch.inference_mode()``, used outside it
+    in a call that records autograd, cannot be saved for backward: the call is made again on clones of
+    them, which can (``F.rms_norm`` and friends save only tensors they compute, so they take such inputs).
+    Anything else re-raises the error being handled.
+    """
+    _reject_none(overload, args)
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    if (torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            and any(t.is_inference() for t in tensors) and any(t.requires_grad for t in tensors)):
+        return entry(*(a.clone() if isinstance(a, Tensor) and a.is_inference() else a for a in args))
+    raise  # the error being handled: _failed runs inside the caller's except block
+
+
+@scripted_as(_vector_add)
 def vector_add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
     """Elementwise ``a + b``.
 
@@ -74,11 +112,18 @@ def vector_add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
         A new contiguous tensor, or ``out`` when given.
 
     Differentiable in ``a`` and ``b`` (float dtypes). Works under ``torch.compile``, ``torch.export``,
-    TorchScript (as ``torch.ops.myns.vector_add``) and AOTInductor.
+    TorchScript and AOTInductor. TorchScript compiles ``vector_add(a, b)`` as ``myns::vector_add``; there,
+    write ``out=`` as ``torch.ops.myns.vector_add_out(a, b, out)``.
     """
     if out is None:
-        return _vector_add_c(a, b)
-    _vector_add_out_c(a, b, out)
+        try:
+            return _vector_add_c(a, b)
+        except RuntimeError:
+            return _failed(_vector_add_c, _vector_add, a, b)
+    try:
+        _vector_add_out_c(a, b, out)
+    except RuntimeError:
+        _failed(_vector_add_out_c, _vector_add_out, a, b, out)
     return out
 
 
@@ -90,6 +135,7 @@ def _vector_add_traced(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Te
     return out
 
 
+@scripted_as(_swiglu)
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """SwiGLU activation ``silu(gate) * up`` (``silu(x) = x * sigmoid(x)``), fused in one pass.
 
@@ -104,14 +150,17 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     Differentiable in ``gate`` and ``up``: the backward is the ``myns::swiglu_backward`` op, which
     recomputes the sigmoid instead of saving activations (it is itself differentiable, for double
     backward). Forward-mode AD (``torch.func.jvp``) is supported. Works under ``torch.compile``,
-    ``torch.export``, TorchScript (as ``torch.ops.myns.swiglu``) and AOTInductor.
+    ``torch.export``, TorchScript and AOTInductor.
 
     Example::
 
         >>> x = torch.randn(4, 2 * 11008)           # fused gate/up projection output
         >>> y = torchops.swiglu(*x.chunk(2, dim=-1))  # (4, 11008)
     """
-    return _swiglu_c(gate, up)
+    try:
+        return _swiglu_c(gate, up)
+    except RuntimeError:
+        return _failed(_swiglu_c, _swiglu, gate, up)
 
 
 @traced_as(swiglu)
@@ -119,6 +168,7 @@ def _swiglu_traced(gate: Tensor, up: Tensor) -> Tensor:
     return _swiglu(gate, up)
 
 
+@scripted_as(_gelu_and_mul)
 def gelu_and_mul(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     """GeGLU activation ``F.gelu(gate, approximate=approximate) * up``, fused in one pass.
 
@@ -135,14 +185,17 @@ def gelu_and_mul(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     Differentiable in ``gate`` and ``up``: the backward is the ``myns::gelu_and_mul_backward`` op, which
     recomputes the activation instead of saving it (it is itself differentiable, for double backward).
     Forward-mode AD (``torch.func.jvp``) is supported. Works under ``torch.compile``, ``torch.export``,
-    TorchScript (as ``torch.ops.myns.gelu_and_mul``) and AOTInductor.
+    TorchScript and AOTInductor.
 
     Example::
 
         >>> x = torch.randn(4, 2 * 16384)                                   # fused gate/up projection
         >>> y = torchops.gelu_and_mul(*x.chunk(2, dim=-1), approximate="tanh")  # (4, 16384)
     """
-    return _gelu_and_mul_c(gate, up, approximate)
+    try:
+        return _gelu_and_mul_c(gate, up, approximate)
+    except RuntimeError:
+        return _failed(_gelu_and_mul_c, _gelu_and_mul, gate, up, approximate)
 
 
 @traced_as(gelu_and_mul)
@@ -150,6 +203,7 @@ def _gelu_and_mul_traced(gate: Tensor, up: Tensor, approximate: str = "none") ->
     return _gelu_and_mul(gate, up, approximate)
 
 
+@scripted_as(_rms_norm)
 def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, weight_offset: float = 0.0) -> Tensor:
     """Root-mean-square normalisation over the last dimension:
     ``x * rsqrt(mean(x**2, -1) + eps) * (weight + weight_offset)``.
@@ -175,9 +229,12 @@ def rms_norm(input: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, 
 
     Differentiable in ``input`` and ``weight``, to any order, in backward and forward mode and under
     ``torch.func`` transforms (dweight is deterministic). Works under ``torch.compile``, ``torch.export``,
-    TorchScript (as ``torch.ops.myns.rms_norm``) and AOTInductor.
+    TorchScript and AOTInductor. :class:`torchops.nn.RMSNorm` normalises over several trailing dimensions.
     """
-    return _rms_norm_c(input, weight, eps, weight_offset)
+    try:
+        return _rms_norm_c(input, weight, eps, weight_offset)
+    except RuntimeError:
+        return _failed(_rms_norm_c, _rms_norm, input, weight, eps, weight_offset)
 
 
 @traced_as(rms_norm)
@@ -186,6 +243,7 @@ def _rms_norm_traced(input: Tensor, weight: Tensor | None = None, eps: float = 1
     return _rms_norm(input, weight, eps, weight_offset)
 
 
+@scripted_as(_add_rms_norm)
 def add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *,
                  weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
     """The residual add of a pre-norm transformer block fused into the norm that follows it.
@@ -203,10 +261,14 @@ def add_rms_norm(input: Tensor, residual: Tensor, weight: Tensor | None = None, 
         Two new contiguous tensors of input's shape and dtype.
 
     Differentiable in ``input``, ``residual`` and ``weight`` (backward and forward mode, ``torch.func``
-    transforms; first derivatives only: a second derivative raises; both summands receive the same gradient: rms_norm's input gradient of ``residual_out`` plus ``residual_out``'s own gradient). Works under
-    ``torch.compile``, ``torch.export``, TorchScript (as ``torch.ops.myns.add_rms_norm``) and AOTInductor.
+    transforms; first derivatives only: a second derivative raises; both summands receive the same gradient:
+    rms_norm's input gradient of ``residual_out`` plus ``residual_out``'s own gradient). Works under
+    ``torch.compile``, ``torch.export``, TorchScript and AOTInductor.
     """
-    return _add_rms_norm_c(input, residual, weight, eps, weight_offset)
+    try:
+        return _add_rms_norm_c(input, residual, weight, eps, weight_offset)
+    except RuntimeError:
+        return _failed(_add_rms_norm_c, _add_rms_norm, input, residual, weight, eps, weight_offset)
 
 
 @traced_as(add_rms_norm)
@@ -215,13 +277,47 @@ def _add_rms_norm_traced(input: Tensor, residual: Tensor, weight: Tensor | None 
     return _add_rms_norm(input, residual, weight, eps, weight_offset)
 
 
-def _check_csr_invariants(op: str, crow: Tensor, col: Tensor, dense: Tensor) -> None:
+@scripted_as(_layer_norm)
+def layer_norm(input: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Layer normalisation over the last dimension: ``(x - mean) * rsqrt(var + eps) * weight + bias``, with
+    the mean and the biased variance of each row, as ``torch.nn.functional.layer_norm(input, (N,), weight,
+    bias, eps)``.
+
+    Args:
+        input: float16, bfloat16, float32 or float64 tensor of shape ``(..., N)``, ``N >= 1``, any leading
+            shape (also empty) and layout.
+        weight, bias: optional tensors of shape ``(N,)`` on input's device, of input's dtype, or float32 with
+            a float16/bfloat16 input (mixed precision); both of one dtype when both are given.
+        eps: added to the variance before the inverse square root.
+
+    Returns:
+        A new contiguous tensor of input's shape and dtype. Mean and variance are computed in float32
+        (float64 for float64 input).
+
+    Differentiable in ``input``, ``weight`` and ``bias``, to second order and in forward mode. Works under
+    ``torch.compile``, ``torch.export``, TorchScript and AOTInductor. :class:`torchops.nn.LayerNorm`
+    normalises over several trailing dimensions.
+    """
+    try:
+        return _layer_norm_c(input, weight, bias, eps)
+    except RuntimeError:
+        return _failed(_layer_norm_c, _layer_norm, input, weight, bias, eps)
+
+
+@traced_as(layer_norm)
+def _layer_norm_traced(input: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+                       eps: float = 1e-5) -> Tensor:
+    return _layer_norm(input, weight, bias, eps)
+
+
+def _check_csr_invariants(crow: Tensor, col: Tensor, values: Tensor, dense: Tensor) -> None:
     """The CPU kernels' structure checks, on any device (reads the indices: synchronises with the GPU).
 
     Arguments whose metadata is wrong (not 1-D, not integers, a dense that is not 2-D, ...) are left to the
     op, which names them. Meta and fake tensors (torch.compile, torch.export, FakeTensorMode) have no data
     to read: they are not checked.
     """
+    _reject_none(_csr_spmm, (crow, col, values, dense))
     if (crow.dim() != 1 or col.dim() != 1 or crow.numel() < 1 or crow.dtype not in INT_DTYPES
             or dense.dim() != 2):
         return
@@ -229,26 +325,26 @@ def _check_csr_invariants(op: str, crow: Tensor, col: Tensor, dense: Tensor) -> 
         return
     nnz, M, K = col.numel(), crow.numel() - 1, dense.size(0)
 
-    def fail(msg: str) -> None:
-        raise RuntimeError(f"myns::{op}: {msg}")
+    def fail(key: str, **fields: Any) -> None:
+        raise RuntimeError(message("csr_spmm", key, **fields))
 
     if (first := int(crow[0])) != 0:
-        fail(f"crow_indices[0] must be 0, got {first}")
+        fail("crow_first", got=first)
     if M > 0:
         down = torch.nonzero(crow[:-1] > crow[1:])
         if down.numel():
             i = int(down[0, 0])
-            fail(f"crow_indices must be non-decreasing, got crow_indices[{i}] = {int(crow[i])} > "
-                 f"crow_indices[{i + 1}] = {int(crow[i + 1])}")
+            fail("crow_decreasing", i=i, a=int(crow[i]), j=i + 1, b=int(crow[i + 1]))
     if (last := int(crow[-1])) != nnz:
-        fail(f"crow_indices[-1] must equal nnz = {nnz} (the length of col_indices), got {last}")
+        fail("crow_last", nnz=nnz, got=last)
     if nnz:
         bad = torch.nonzero((col < 0) | (col >= K))
         if bad.numel():
             p = int(bad[0, 0])
-            fail(f"col_indices must lie in [0, K) with K = {K}, got col_indices[{p}] = {int(col[p])}")
+            fail("col_out_of_range", K=K, p=p, got=int(col[p]))
 
 
+@scripted_as(_csr_spmm)
 def csr_spmm(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: Tensor, *,
              check_invariants: bool = False) -> Tensor:
     """``A @ dense`` for the M x K CSR matrix ``A = (crow_indices, col_indices, values)``, K = ``dense.size(0)``.
@@ -274,51 +370,65 @@ def csr_spmm(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: T
 
     Differentiable in ``values`` (``grad_out[i] . dense[j]`` per nonzero) and ``dense`` (``A^T @ grad_out``,
     through a stable transpose: deterministic), twice over. Works under ``torch.compile``,
-    ``torch.export``, TorchScript (as ``torch.ops.myns.csr_spmm``) and AOTInductor.
+    ``torch.export``, TorchScript (without ``check_invariants``) and AOTInductor.
     """
     if check_invariants:
-        _check_csr_invariants("csr_spmm", crow_indices, col_indices, dense)
-    return _csr_spmm_c(crow_indices, col_indices, values, dense)
+        _check_csr_invariants(crow_indices, col_indices, values, dense)
+    try:
+        return _csr_spmm_c(crow_indices, col_indices, values, dense)
+    except RuntimeError:
+        return _failed(_csr_spmm_c, _csr_spmm, crow_indices, col_indices, values, dense)
 
 
 @traced_as(csr_spmm)
 def _csr_spmm_traced(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: Tensor, *,
                      check_invariants: bool = False) -> Tensor:
     if check_invariants:
-        _check_csr_invariants("csr_spmm", crow_indices, col_indices, dense)
+        _check_csr_invariants(crow_indices, col_indices, values, dense)
     return _csr_spmm(crow_indices, col_indices, values, dense)
 
 
-class _Transpose(NamedTuple):
-    # Private copies of the structure the transpose was computed from, compared on every hit: an in-place
-    # change to A's indices through another tensor sharing their memory (the tensors A was built from, a
-    # numpy view, .data) bumps no version counter that A can see, so nothing short of the contents proves
-    # the entry current.
-    crow: Tensor
-    col: Tensor
-    K: int
-    tensors: tuple[Tensor, Tensor, Tensor]  # t_crow_indices, t_col_indices, t_perm
+class _Structure:
+    """A private copy of a CSR tensor's indices, and the transpose of that structure once a call needed it.
 
-    def computed_from(self, crow: Tensor, col: Tensor, K: int) -> bool:
+    Compared with A's indices on every call: an in-place change through another tensor sharing their memory
+    (the tensors A was built from, a numpy view, .data) bumps no version counter that A can see, so nothing
+    short of the contents proves the copy current. The copy is what the op runs on when a gradient is
+    recorded, so backward sees the structure the forward used even if A's indices change in between.
+    """
+
+    __slots__ = ("crow", "col", "K", "_transpose")
+
+    def __init__(self, crow: Tensor, col: Tensor, K: int) -> None:
+        self.crow, self.col, self.K = crow.clone(), col.clone(), K
+        self._transpose: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def copies(self, crow: Tensor, col: Tensor, K: int) -> bool:
         return K == self.K and _same_contents(crow, self.crow) and _same_contents(col, self.col)
+
+    def transpose(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(t_crow_indices, t_col_indices, t_perm), computed on first use."""
+        if self._transpose is None:
+            self._transpose = tuple(_csr_transpose(self.crow, self.col, self.K))
+        return self._transpose
 
 
 def _same_contents(a: Tensor, b: Tensor) -> bool:
     return a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and torch.equal(a, b)
 
 
-# One transpose per sparse tensor, dropped with it. Keyed by identity: a CSR tensor built anew each call
+# One structure per sparse tensor, dropped with it. Keyed by identity: a CSR tensor built anew each call
 # (even from the same index tensors) misses the cache.
-_TRANSPOSE_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_STRUCTURE_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def _cached_transpose(A: Tensor, crow: Tensor, col: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _cached_structure(A: Tensor, crow: Tensor, col: Tensor) -> _Structure:
     K = A.size(1)
-    entry = _TRANSPOSE_CACHE.get(A)
-    if entry is None or not entry.computed_from(crow, col, K):
-        entry = _Transpose(crow.clone(), col.clone(), K, tuple(_csr_transpose(crow, col, K)))
-        _TRANSPOSE_CACHE[A] = entry
-    return entry.tensors
+    entry = _STRUCTURE_CACHE.get(A)
+    if entry is None or not entry.copies(crow, col, K):
+        entry = _Structure(crow, col, K)
+        _STRUCTURE_CACHE[A] = entry
+    return entry
 
 
 def _csr_parts(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -332,6 +442,9 @@ def _csr_parts(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _check_spmm_args(A: Tensor, dense: Tensor) -> None:
+    for name, value in (("A", A), ("dense", dense)):
+        if value is None:
+            raise TypeError(f"torchops.spmm: {name} must be a Tensor, got None")
     if A.layout != torch.sparse_csr or A.dim() != 2:
         raise RuntimeError(f"torchops.spmm: A must be a 2-D sparse CSR tensor, got layout {A.layout} with {A.dim()} dims")
     if dense.dim() == 2 and A.size(1) != dense.size(0):
@@ -342,20 +455,37 @@ def spmm(A: Tensor, dense: Tensor) -> Tensor:
     """``A @ dense`` for a 2-D ``torch.sparse_csr_tensor`` ``A`` (M x K) and a K x N ``dense``; see :func:`csr_spmm`.
 
     Gradients flow to ``dense`` and to ``A`` (through ``A.values()``; ``A.grad`` is then a sparse CSR
-    tensor with A's structure). When ``dense`` needs a gradient, the transposed structure of ``A`` (a
-    stable sort of its nonzeros by column) is computed once and cached on ``A`` (dropped with it), with a
-    private copy of A's indices: each later call compares A's indices with that copy (one pass over them;
-    on CUDA a synchronisation) and recomputes the transpose if they changed in place by any route. A GNN
-    layer that multiplies by the same adjacency every step then pays for the transpose once, and each
+    tensor with A's structure). When a gradient is recorded, the op runs on a private copy of A's indices,
+    cached on ``A`` (dropped with it) and compared with A's indices on each call (one pass over them; on
+    CUDA a synchronisation): backward then uses the structure the forward used, even if A's indices change
+    in place by any route in between, and a copy that no longer matches is taken anew. When ``dense``
+    needs a gradient, the transposed structure (a stable sort of the nonzeros by column) is computed once
+    per copy: a GNN layer that multiplies by the same adjacency every step pays for it once, and each
     backward is one SDDMM plus one SpMM. ``torch.compile`` does not take sparse tensors: it breaks the
     graph at ``A`` and this function runs eagerly there; in compiled code, call :func:`csr_spmm` with A's
-    index tensors. Traced code never caches.
+    index tensors. TorchScript compiles it as :func:`csr_spmm` on A's parts. Traced and scripted code never
+    caches.
     """
+    if torch.jit.is_scripting():  # TorchScript compiles this branch alone
+        return torch.ops.myns.csr_spmm(A.crow_indices(), A.col_indices(), A.values(), dense)
+    else:
+        return _spmm_eager(A, dense)
+
+
+def _spmm_eager(A: Tensor, dense: Tensor) -> Tensor:
     _check_spmm_args(A, dense)
     crow, col, values = _csr_parts(A)
-    if torch.is_grad_enabled() and dense.requires_grad:
-        return _csr_spmm_with_transpose_c(crow, col, values, dense, *_cached_transpose(A, crow, col))
-    return _csr_spmm_c(crow, col, values, dense)
+    entry, overload, args = _csr_spmm_c, _csr_spmm, (crow, col, values, dense)
+    if torch.is_grad_enabled() and (dense.requires_grad or values.requires_grad):
+        structure = _cached_structure(A, crow, col)
+        args = (structure.crow, structure.col, values, dense)
+        if dense.requires_grad:
+            entry, overload = _csr_spmm_with_transpose_c, _csr_spmm_with_transpose
+            args += structure.transpose()
+    try:
+        return entry(*args)
+    except RuntimeError:
+        return _failed(entry, overload, *args)
 
 
 @traced_as(spmm)

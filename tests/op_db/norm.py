@@ -350,6 +350,171 @@ def add_rms_norm_backward_errors(device: str) -> list[ErrorInput]:
     return cases
 
 
+# ------------------------------------------------------------------------------------------- layer_norm
+# (shape, input layout, weight, bias, eps): the rms_norm shapes and layouts (N of 1, odd sizes, long rows,
+# empty, 1-D, non-contiguous), with weight and bias each None, "same" (input's dtype), "f32" (float32 with
+# 16-bit input; input's dtype otherwise) or "strided"; weight and bias share a dtype when both are given.
+_LAYER_NORM_CASES: list[tuple[tuple[int, ...], str, str | None, str | None, float]] = [
+    ((4, 1), "contiguous", "same", "same", 1e-5),
+    ((3, 7), "contiguous", None, None, 1e-5),
+    ((5, 33), "contiguous", "same", None, 1e-6),
+    ((6, 64), "contiguous", None, "f32", 1e-5),
+    ((3, 1000), "contiguous", "f32", "f32", 1e-5),
+    ((2, 1001), "offset", "f32", None, 1e-5),
+    ((2, 2056), "contiguous", None, "same", 1e-5),
+    ((2, 8195), "contiguous", "same", "same", 1e-5),
+    ((2, 8192), "row_sliced", "f32", "f32", 0.1),
+    ((300, 16), "contiguous", "same", "same", 1e-5),
+    ((0, 16), "contiguous", "same", "same", 1e-5),
+    ((2, 0, 8), "contiguous", None, "same", 1e-5),
+    ((16,), "contiguous", "same", "same", 1e-5),
+    ((2, 3, 40), "contiguous", "same", "same", 0.0),
+    ((2, 3, 40), "permuted", None, None, 1e-5),
+    ((24, 10), "transposed", "strided", "strided", 1e-5),
+    ((9, 48), "row_sliced", "strided", None, 1e-5),
+    ((5, 24), "expanded", None, "strided", 1e-5),
+]
+
+
+def _layer_norm_args(device: str, dtype: torch.dtype, requires_grad: bool):
+    for shape, layout, weight_kind, bias_kind, eps in _LAYER_NORM_CASES:
+        x = _grad(_rms_norm_input(shape, dtype, device, layout), requires_grad)
+        w, b = (_rms_norm_weight(kind, shape[-1], dtype, device) for kind in (weight_kind, bias_kind))
+        w, b = (None if t is None else _grad(t, requires_grad) for t in (w, b))
+        desc = ", ".join(f"{name} {'None' if t is None else str(t.dtype).removeprefix('torch.')}"
+                         for name, t in (("weight", w), ("bias", b)))
+        yield x, w, b, eps, f"{shape} {layout}, {desc}, eps={eps}"
+
+
+def layer_norm_forward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    return [Sample((x, w, b, eps), desc=desc) for x, w, b, eps, desc in _layer_norm_args(device, dtype, requires_grad)]
+
+
+def layer_norm_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    x = _grad(random_tensor((4, 12), dtype, device), requires_grad)
+    w = _grad(random_tensor((12,), dtype, device), requires_grad)
+    return layer_norm_forward_samples(device, dtype, requires_grad) + [
+        Sample((x,), desc="(4, 12), weight, bias and eps defaulted"),
+        Sample((x, w), desc="(4, 12), weight, bias and eps defaulted"),
+    ]
+
+
+def _layer_norm_stats(input: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    mean = input.mean(-1, keepdim=True)
+    return mean.squeeze(-1), torch.rsqrt((input - mean).pow(2).mean(-1) + eps)
+
+
+def layer_norm_reference(input: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                         eps: float = 1e-5) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(input, input.shape[-1:], weight, bias, eps)
+
+
+def layer_norm_forward_reference(input, weight, bias, eps=1e-5):
+    return (layer_norm_reference(input, weight, bias, eps), *_layer_norm_stats(input, eps))
+
+
+def layer_norm_forward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
+    dtype = sample.args[0].dtype
+    return dtype, _stat_dtype(dtype), _stat_dtype(dtype)
+
+
+def _stats_of(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean and rstd of x's rows in the stat dtype, as _layer_norm_forward saves them."""
+    mean, rstd = _layer_norm_stats(x.detach().to(torch.float64), eps)
+    return mean.to(_stat_dtype(x.dtype)), rstd.to(_stat_dtype(x.dtype))
+
+
+def layer_norm_backward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    samples = []
+    masks = [(True, True, True), (True, False, False), (False, True, False), (False, False, True), (False, False, False)]
+    for i, (x, w, b, eps, desc) in enumerate(_layer_norm_args(device, dtype, False)):
+        # grad_out in the other layout family, so dy and x take different paths when one is copied.
+        dy = _rms_norm_input(tuple(x.shape), dtype, device, "row_sliced" if x.is_contiguous() else "contiguous")
+        input_grad, weight_grad, bias_grad = masks[i % len(masks)]
+        weight_grad = weight_grad and w is not None
+        samples.append(Sample((dy, x, w, *_stats_of(x, eps), input_grad, weight_grad, bias_grad),
+                              desc=f"{desc}, input_grad={input_grad}, weight_grad={weight_grad}, "
+                                   f"bias_grad={bias_grad}"))
+    return samples
+
+
+def layer_norm_backward_reference(grad_out, input, weight, mean, rstd, input_grad, weight_grad, bias_grad):
+    n = input.shape[-1]
+    xhat = (input - mean.unsqueeze(-1)) * rstd.unsqueeze(-1)
+    g = grad_out if weight is None else grad_out * weight
+    grad_input = rstd.unsqueeze(-1) * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    columns = lambda t: t.reshape(-1, n).sum(0)  # noqa: E731
+    empty = input.new_empty(0)
+    return (grad_input if input_grad else empty, columns(grad_out * xhat) if weight_grad else empty,
+            columns(grad_out) if bias_grad else empty)
+
+
+def layer_norm_backward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
+    x, w = sample.args[1], sample.args[2]
+    return x.dtype, (x.dtype if w is None else w.dtype), (_stat_dtype(x.dtype) if w is None else w.dtype)
+
+
+def layer_norm_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (random_tensor((n, 16), dtype, device), random_tensor((16,), dtype, device),
+            random_tensor((16,), dtype, device), 1e-5)
+
+
+def layer_norm_backward_sized(device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    x = random_tensor((n, 16), dtype, device)
+    return (random_tensor((n, 16), dtype, device), x, random_tensor((16,), dtype, device), *_stats_of(x, 1e-5), True,
+            True, True)
+
+
+def layer_norm_input_errors(op: str, device: str) -> list[ErrorInput]:
+    """Bad input / weight / bias for an op taking (input, weight, bias, eps): layer_norm, _layer_norm_forward."""
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    e = functools.partial(expect, op)
+    f16, bf16, f64 = torch.float16, torch.bfloat16, torch.float64
+    x = f32(4, 8)
+    cases = [
+        e(Sample((f32(()), None, None, 1e-5)), "at_least_1d", x="input"),
+        e(Sample((x.to(torch.int32), None, None, 1e-5)), "dtype_in", x="input", dtype=torch.int32,
+          supported=FLOAT_DTYPES),
+        e(Sample((f32(3, 0), None, None, 1e-5)), "normalised_dim_empty", x="input", shape=[3, 0]),
+        e(Sample((x, f32(9), None, 1e-5)), "param_shape", param="weight", n=8, x="input", shape=[9]),
+        e(Sample((x, None, f32(2, 8), 1e-5)), "param_shape", param="bias", n=8, x="input", shape=[2, 8]),
+        e(Sample((x, f32(8), f32(8).double(), 1e-5)), "param_dtype", param="bias", x="input",
+          dtype=torch.float32, param_dtype=f64),
+        e(Sample((x.half(), None, f32(8).bfloat16(), 1e-5)), "param_dtype_or_float", param="bias", x="input",
+          dtype=f16, param_dtype=bf16),
+        e(Sample((x.bfloat16(), f32(8), f32(8).bfloat16(), 1e-5)), "same_dtype", x="weight", y="bias",
+          x_dtype=torch.float32, y_dtype=bf16),
+    ]
+    if device == "cuda":
+        cases.append(e(Sample((x, None, torch.randn(8), 1e-5)), "same_device", x="input", y="bias", **_CUDA_VS_CPU))
+    return cases
+
+
+def layer_norm_backward_errors(device: str) -> list[ErrorInput]:
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    x, w, s = f32(4, 8), f32(8), f32(4)
+    e = functools.partial(expect, "_layer_norm_backward")
+    stat = dict(shape=[4], x="input", dtype=torch.float32)
+    cases = [
+        e(Sample((f32(4, 8), f32(()), None, f32(()), f32(()), True, False, False)), "at_least_1d", x="input"),
+        e(Sample((f32(4, 8), x, f32(7), s, s, True, True, True)), "param_shape", param="weight", n=8, x="input",
+          shape=[7]),
+        e(Sample((f32(4, 9), x, w, s, s, True, True, True)), "same_shape", x="input", y="grad_out", x_shape=[4, 8],
+          y_shape=[4, 9]),
+        e(Sample((f32(4, 8).half(), x, w, s, s, True, True, True)), "same_dtype", x="input", y="grad_out",
+          x_dtype=torch.float32, y_dtype=torch.float16),
+        e(Sample((f32(4, 8), x, w, f32(4, 1), s, True, True, True)), "stat_shape_dtype", stat="mean", **stat,
+          got_shape=[4, 1], got_dtype=torch.float32),
+        e(Sample((f32(4, 8), x, w, s, s.double(), True, True, True)), "stat_shape_dtype", stat="rstd", **stat,
+          got_shape=[4], got_dtype=torch.float64),
+        e(Sample((f32(4, 8), x, None, s, s, True, True, False)), "weight_grad_without_weight"),
+    ]
+    if device == "cuda":
+        cases.append(e(Sample((torch.randn(4, 8), x, w, s, s, True, True, True)), "same_device", x="input",
+                       y="grad_out", **_CUDA_VS_CPU))
+    return cases
+
+
 OPS: list[OpInfo] = [
     OpInfo(
         name="rms_norm",
@@ -404,5 +569,32 @@ OPS: list[OpInfo] = [
         sized_inputs=add_rms_norm_backward_sized,
         differentiable=False,  # double backward is refused by its Autograd kernel
         output_dtypes=add_rms_norm_backward_dtypes,
+    ),
+    OpInfo(
+        name="layer_norm",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=layer_norm_samples,
+        reference=layer_norm_reference,
+        error_inputs=functools.partial(layer_norm_input_errors, "layer_norm"),
+        sized_inputs=layer_norm_sized,
+    ),
+    OpInfo(
+        name="_layer_norm_forward",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=layer_norm_forward_samples,
+        reference=layer_norm_forward_reference,
+        error_inputs=functools.partial(layer_norm_input_errors, "_layer_norm_forward"),
+        sized_inputs=layer_norm_sized,
+        output_dtypes=layer_norm_forward_dtypes,
+    ),
+    OpInfo(
+        name="_layer_norm_backward",
+        dtypes=FLOAT_DTYPES,
+        sample_inputs=layer_norm_backward_samples,
+        reference=layer_norm_backward_reference,
+        error_inputs=layer_norm_backward_errors,
+        sized_inputs=layer_norm_backward_sized,
+        differentiable=False,  # double backward is refused by its Autograd kernel
+        output_dtypes=layer_norm_backward_dtypes,
     ),
 ]
