@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from benchmarks.gated import BAR_SHAPE, OPS as GATED_OPS
+
 MiB = 1 << 20
 LARGE = 256 * MiB  # past the 50 MB L2 of an H200 by 5x: only there is bandwidth a memory-wall figure
 COPY_BAR_MIN_INPUT_BYTES = LARGE  # the inputs a "% of copy" bar judges
@@ -97,6 +99,24 @@ NORM_PEERS = ("eager", "torch.compile", "liger")
 _ELEMENTWISE_WALL = "an elementwise op sits at the memory wall, so parity with the best baseline is the physics"
 _CPU_EAGER = "on the CPU every op must at least match eager PyTorch, or it is not worth calling"
 
+
+def _gated_bars(spec) -> list[Bar]:
+    """swiglu's bars for a gated op of benchmarks/gated.py, on every form's cases of the chunk layout."""
+    at, both = (f"{BAR_SHAPE[0]}x{BAR_SHAPE[1]}",), spec.cases("fwd chunk", "bwd chunk")
+    act = spec.eager.removeprefix("eager ").removesuffix("*mul")
+    return [
+        Bar(spec.op, "cuda", "vs torch.compile", 0.99, both, ("bf16", "f32"),
+            _ELEMENTWISE_WALL + f"; Inductor fuses {act}*mul into one kernel too", shapes=at),
+        Bar(spec.op, "cuda", f"vs {spec.eager}", 1.7, both, ("bf16", "f32"),
+            f"eager runs {act} and mul as separate kernels (forward moves 5 tensors, not 3); fusing must show",
+            shapes=at),
+        Bar(spec.op, "cuda", "pct_copy", 90.0, spec.cases("fwd chunk"), ("bf16", "f32"), _ELEMENTWISE_WALL, shapes=at),
+        Bar(spec.op, "cuda", "pct_copy", 85.0, spec.cases("bwd chunk"), ("bf16", "f32"),
+            "the backward reads 3 tensors and writes 2 in one kernel", shapes=at),
+        Bar(spec.op, "cpu", f"vs {spec.eager}", 1.0, both, ("bf16", "f32"), _CPU_EAGER, reduce="geomean"),
+    ]
+
+
 BARS: list[Bar] = [
     # vector_add
     Bar("vector_add", "cuda", "vs torch.add", 0.99, ("contiguous",), ("f32", "bf16", "f16"), _ELEMENTWISE_WALL,
@@ -106,33 +126,9 @@ BARS: list[Bar] = [
         "a small call must cost no more host time than torch.add's, or small-batch models get slower"),
     Bar("vector_add", "cpu", "vs torch.add", 1.0, ("contiguous", "transposed", "sliced"), ("f32", "bf16", "f16"),
         _CPU_EAGER, reduce="geomean"),
-    # swiglu: gate and up are the two halves of one LLaMA projection (the "chunk" layout)
-    Bar("swiglu", "cuda", "vs torch.compile", 0.99, ("fwd chunk", "bwd chunk"), ("bf16", "f32"),
-        _ELEMENTWISE_WALL + "; Inductor fuses silu*mul into one kernel too", shapes=("16384x14336",)),
-    Bar("swiglu", "cuda", "vs eager silu*mul", 1.7, ("fwd chunk", "bwd chunk"), ("bf16", "f32"),
-        "eager runs silu and mul as separate kernels (forward moves 5 tensors, not 3); fusing must show",
-        shapes=("16384x14336",)),
-    Bar("swiglu", "cuda", "pct_copy", 90.0, ("fwd chunk",), ("bf16", "f32"), _ELEMENTWISE_WALL,
-        shapes=("16384x14336",)),
-    Bar("swiglu", "cuda", "pct_copy", 85.0, ("bwd chunk",), ("bf16", "f32"),
-        "the backward reads 3 tensors and writes 2 in one kernel", shapes=("16384x14336",)),
-    Bar("swiglu", "cpu", "vs eager silu*mul", 1.0, ("fwd chunk", "bwd chunk"), ("bf16", "f32"), _CPU_EAGER,
-        reduce="geomean"),
-    # gelu_and_mul: swiglu's bars, for each form (erf "none" and "tanh") on the same chunk layout
-    Bar("gelu_and_mul", "cuda", "vs torch.compile", 0.99,
-        ("fwd chunk none", "bwd chunk none", "fwd chunk tanh", "bwd chunk tanh"), ("bf16", "f32"),
-        _ELEMENTWISE_WALL + "; Inductor fuses gelu*mul into one kernel too", shapes=("16384x14336",)),
-    Bar("gelu_and_mul", "cuda", "vs eager gelu*mul", 1.7,
-        ("fwd chunk none", "bwd chunk none", "fwd chunk tanh", "bwd chunk tanh"), ("bf16", "f32"),
-        "eager runs gelu and mul as separate kernels (forward moves 5 tensors, not 3); fusing must show",
-        shapes=("16384x14336",)),
-    Bar("gelu_and_mul", "cuda", "pct_copy", 90.0, ("fwd chunk none", "fwd chunk tanh"), ("bf16", "f32"),
-        _ELEMENTWISE_WALL, shapes=("16384x14336",)),
-    Bar("gelu_and_mul", "cuda", "pct_copy", 85.0, ("bwd chunk none", "bwd chunk tanh"), ("bf16", "f32"),
-        "the backward reads 3 tensors and writes 2 in one kernel", shapes=("16384x14336",)),
-    Bar("gelu_and_mul", "cpu", "vs eager gelu*mul", 1.0,
-        ("fwd chunk none", "bwd chunk none", "fwd chunk tanh", "bwd chunk tanh"), ("bf16", "f32"), _CPU_EAGER,
-        reduce="geomean"),
+    # the gated ops (benchmarks/gated.py's rows): gate and up are the two halves of one LLaMA projection (the
+    # "chunk" layout), every form of each op (gelu's erf "none" and "tanh")
+    *(bar for spec in GATED_OPS for bar in _gated_bars(spec)),
     # csr_spmm: forward against cuSPARSE on power-law graphs (GNN adjacency), backward against torch autograd
     Bar("csr_spmm", "cuda", "vs cuSPARSE (torch sparse CSR @ dense)", 1.25,
         ("arxiv-like fwd", "proteins-like fwd", "reddit-like fwd"), ("f32",),

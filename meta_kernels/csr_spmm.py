@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, INT_DTYPES, check, dtype_in, same_device, same_dtype
+from ._checks import FLOAT_DTYPES, INT_DTYPES, check, dtype_in, same_device, same_dtype
 
 
 

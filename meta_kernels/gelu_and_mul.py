@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, check, check_elementwise
+from ._checks import FLOAT_DTYPES, check, check_elementwise
 
 
 def _check_approximate(op: str, approximate: str) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import check, check_elementwise, same_device, same_dtype
-from meta_kernels.rms_norm import check_norm_input, check_norm_param, stat_dtype
+from ._checks import check, check_elementwise, same_device, same_dtype
+from .rms_norm import check_norm_input, check_norm_param, stat_dtype
 
 
 def check_layer_norm_input(op: str, input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> None:

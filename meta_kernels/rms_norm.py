@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, check, check_elementwise, dtype_in, same_device
+from ._checks import FLOAT_DTYPES, check, check_elementwise, dtype_in, same_device
 
 _REDUCED = (torch.float16, torch.bfloat16)
 

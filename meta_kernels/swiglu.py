@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_DTYPES, check_elementwise
+from ._checks import FLOAT_DTYPES, check_elementwise
 
 
 @torch.library.register_fake("myns::swiglu")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from meta_kernels._checks import FLOAT_AND_INT_DTYPES, check_elementwise, same_device, same_dtype
+from ._checks import FLOAT_AND_INT_DTYPES, check_elementwise, same_device, same_dtype
 
 
 @torch.library.register_fake("myns::vector_add")

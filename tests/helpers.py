@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from meta_kernels import _checks
+from torchops._meta_kernels import _checks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

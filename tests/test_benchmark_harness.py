@@ -364,7 +364,7 @@ def _assert_every_bar_case_measured(results: list[H.Result], ops) -> None:
 
 
 @pytest.mark.parametrize("bench, ops", [
-    pytest.param("bench_swiglu", (), id="swiglu"), pytest.param("bench_gelu_and_mul", (), id="gelu_and_mul"),
+    pytest.param("bench_gated", (), id="gated"),
     pytest.param("bench_norm", ("rms_norm", "add_rms_norm"), id="norm-rms_norm,add_rms_norm"),
     pytest.param("bench_norm", ("layer_norm",), id="norm-layer_norm")])
 def test_a_bench_produces_every_case_its_bars_name(bench, ops, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import torch
 import torchops
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import DEVICES, HAS_CUDA, requires_cuda
+from helpers import DEVICES, FLOAT_DTYPES, HALF_DTYPES, HAS_CUDA, INT_DTYPES, requires_cuda
 from op_db import _csr_indices, csr_spmm_reference, csr_transpose_reference
 from torchops import ops as torchops_ops
 
@@ -73,7 +73,7 @@ _MALFORMED = [  # crow, col, K, message
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("index_dtype", INT_DTYPES)
 @pytest.mark.parametrize("crow,col,k,message", _MALFORMED)
 def test_check_invariants_raises_on_every_device(device, index_dtype, crow, col, k, message) -> None:
     crow = torch.tensor(crow, dtype=index_dtype, device=device)
@@ -314,7 +314,7 @@ _CUDA_MALFORMED = [  # crow, col, K: indices the CUDA kernels never validate
 
 
 @requires_cuda
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("index_dtype", INT_DTYPES)
 @pytest.mark.parametrize("crow,col,k", _CUDA_MALFORMED)
 def test_cuda_malformed_indices_do_not_crash(index_dtype, crow, col, k) -> None:
     crow = torch.tensor(crow, dtype=index_dtype, device="cuda")
@@ -337,13 +337,13 @@ def assert_cuda_matches_f64(crow: torch.Tensor, col: torch.Tensor, k: int, n: in
     got = torchops.csr_spmm(crow, col, values, dense)
     expected = torch_sparse(crow.cpu(), col.cpu(), values.cpu().double(), k) @ dense.cpu().double()
     tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float32 else TOL[dtype]
-    if dtype in (torch.bfloat16, torch.float16):  # sums of up to 20000 terms: compare relative to the scale
+    if dtype in HALF_DTYPES:  # sums of up to 20000 terms: compare relative to the scale
         tol = dict(rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
     torch.testing.assert_close(got.cpu().double(), expected, **tol)
 
 
 @requires_cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("n", [4, 16, 32, 48, 64, 128, 256, 512, 33, 1100])  # every lane-group width
 def test_cuda_power_law_rows(dtype: torch.dtype, n: int) -> None:
     # A few rows of 20000 nonzeros among thousands of short ones: many work units share a row.

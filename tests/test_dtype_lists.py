@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import helpers
 from helpers import DEVICES, REPO_ROOT
-from meta_kernels import _checks
+from torchops._meta_kernels import _checks
 from op_db import OP_DB, OpInfo
 
 

@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import torchops
 from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, HAS_CUDA, assert_close_to_reference, called_ops,
                      chunk_halves, needs_gpu_memory, poison_cuda_cache, random_tensor, requires_cuda, ulp)
-from meta_kernels import _checks
+from torchops._meta_kernels import _checks
 from op_db.elementwise import GATED, GatedInfo, gated_forms
 
 FORMS = [pytest.param(row, form, id="-".join([row.name, *form.values()])) for row, form in gated_forms()]

@@ -13,7 +13,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from helpers import DEVICES
-from meta_kernels import _checks
+from torchops._meta_kernels import _checks
 from op_db import OP_DB, OpInfo, ops
 
 

@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchops
-from helpers import (DEVICES, FLOAT_DTYPES, INT_DTYPES, TOLERANCES, assert_close_to_reference, exact_gelu, run_python,
-                     ulp)
+from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, INT_DTYPES, TOLERANCES, assert_close_to_reference, exact_gelu,
+                     run_python, ulp)
 from op_db import upcast
 
 _COMMON = dict(deadline=None, database=None, print_blob=True,
@@ -313,7 +313,7 @@ def _rms_norm_weight(data, n: int, dtype: torch.dtype, device: str) -> torch.Ten
     kind = data.draw(st.sampled_from(("none", "same", "f32")), label="weight kind")
     if kind == "none":
         return None
-    wdtype = torch.float32 if kind == "f32" and dtype in (torch.float16, torch.bfloat16) else dtype
+    wdtype = torch.float32 if kind == "f32" and dtype in HALF_DTYPES else dtype
     return make(data.draw(specs((n,), wdtype), label="weight"), device)
 
 
@@ -712,14 +712,12 @@ def bad_elementwise_calls(draw, device: str, fault: str):
         bad = (a if which == 0 else b).to(draw(st.sampled_from([t for t in dtypes if t != dtype])))
         a, b = (bad, b) if which == 0 else (a, bad)
     elif fault == "unsupported":
-        bad_dtype = draw(st.sampled_from(_UNSUPPORTED + ((torch.int32, torch.int64) if name == "swiglu" else ())))
+        bad_dtype = draw(st.sampled_from(_UNSUPPORTED + (INT_DTYPES if name == "swiglu" else ())))
         a, b = _bad(bad_dtype, shape, device), _bad(bad_dtype, shape, device)
         out = _bad(bad_dtype, shape, device)
     elif fault == "device":
         bad = (a if which == 0 else b).to(OTHER_DEVICE[device])
         a, b = (bad, b) if which == 0 else (a, bad)
-    elif fault == "out shape":
-        out = torch.empty(draw(other_shapes(shape)), dtype=dtype, device=device)
     elif fault == "out dtype":
         out = out.to(draw(st.sampled_from([t for t in dtypes if t != dtype])))
     elif fault == "out device":
@@ -768,7 +766,7 @@ def bad_norm_calls(draw, device: str, fault: str):
         if weight.dim() == 1:
             weight = weight.view(1, 1)
     elif fault == "weight dtype":
-        allowed = {dtype, torch.float32} if dtype in (torch.float16, torch.bfloat16) else {dtype}
+        allowed = {dtype, torch.float32} if dtype in HALF_DTYPES else {dtype}
         weight = weight.to(draw(st.sampled_from([t for t in FLOAT_DTYPES + INT_DTYPES if t not in allowed])))
     elif fault == "weight device":
         weight = weight.to(OTHER_DEVICE[device])
@@ -839,7 +837,7 @@ def bad_csr_metadata_calls(draw, device: str, fault: str):
 # Words the message must hold for each fault: the argument at fault and what is wrong with it.
 FAULT_WORDS: dict[str, tuple[str, ...]] = {
     "shape": ("shape",), "dtype": ("dtype",), "unsupported": ("unsupported dtype",), "device": ("device",),
-    "out shape": ("out", "shape"), "out dtype": ("out", "dtype"), "out device": ("out", "device"),
+    "out dtype": ("out", "dtype"), "out device": ("out", "device"),
     "requires grad": ("grad",), "int swiglu": ("unsupported dtype",),
     "0-dim": ("input", "dimension"), "empty rows": ("input", "dimension"), "int input": ("input", "unsupported dtype"),
     "weight size": ("weight",), "weight rank": ("weight",), "weight dtype": ("weight", "dtype"),
@@ -863,8 +861,8 @@ def _assert_named_error(name: str, fault: str, call: Callable[[], Any]) -> None:
 
 
 _FAULTS = {
-    "elementwise": ("shape", "dtype", "unsupported", "device", "out shape", "out dtype", "out device", "requires grad",
-                    "int swiglu"),
+    "elementwise": ("shape", "dtype", "unsupported", "device", "out dtype", "out device", "requires grad",
+                    "int swiglu"),  # (an out of another shape is resized, as torch.add(out=) does)
     "norm": ("0-dim", "empty rows", "int input", "weight size", "weight rank", "weight dtype", "weight device",
              "input device", "bias size", "bias dtype")
             + (("residual shape", "residual dtype", "residual device") if HAS_ADD_RMS_NORM else ()),

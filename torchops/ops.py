@@ -42,6 +42,7 @@ Keyword-only schema arguments are passed by keyword to both entries (``..., weig
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -120,11 +121,25 @@ def vector_add(a: Tensor, b: Tensor, *, out: Tensor | None = None) -> Tensor:
             return _vector_add_c(a, b)
         except RuntimeError:
             return _failed(_vector_add_c, _vector_add, a, b)
+    if isinstance(out, Tensor) and isinstance(a, Tensor) and isinstance(b, Tensor) and out.shape != a.shape == b.shape:
+        _resize_out(out, a.shape)
     try:
         _vector_add_out_c(a, b, out)
     except RuntimeError:
         _failed(_vector_add_out_c, _vector_add_out, a, b, out)
     return out
+
+
+def _resize_out(out: Tensor, shape: torch.Size) -> None:
+    """What torch's out= ops do with an out of another shape, warning through Python's warnings as torch.add
+    does (the C++ kernels' own warning, through torch.ops, reaches only stderr)."""
+    if out.numel() != 0:
+        warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
+                      f"which does not match the required output shape {list(shape)}. This behavior is deprecated, "
+                      "and in a future PyTorch release outputs will not be resized unless they have zero elements. "
+                      "You can explicitly reuse an out tensor t by resizing it, inplace, to zero elements with "
+                      "t.resize_(0).", UserWarning, stacklevel=3)
+    out.resize_(shape)
 
 
 @traced_as(vector_add)

@@ -74,6 +74,7 @@ struct NormOps {
 
   static std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& input, const at::Tensor& residual,
                                                          const OptTensor& weight, double eps, double weight_offset) {
+    check_defined("add_rms_norm", {"residual", residual});  // an undefined residual must not mean "no residual"
     const NormForward f = rms_forward("add_rms_norm", input, residual, weight, eps, weight_offset, false);
     return {f.out, f.residual_out};
   }
@@ -82,6 +83,7 @@ struct NormOps {
                                                                              const at::Tensor& residual,
                                                                              const OptTensor& weight, double eps,
                                                                              double weight_offset) {
+    check_defined("_add_rms_norm_forward", {"residual", residual});
     const NormForward f = rms_forward("_add_rms_norm_forward", input, residual, weight, eps, weight_offset, true);
     return {f.out, f.residual_out, f.rstd};
   }

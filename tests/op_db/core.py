@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from meta_kernels import _checks
+from torchops._meta_kernels import _checks
 
 
 @dataclass

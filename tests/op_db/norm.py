@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from helpers import FLOAT_DTYPES, make_layout, random_tensor
+from helpers import FLOAT_DTYPES, HALF_DTYPES, make_layout, random_tensor
 from op_db.core import ErrorInput, OpInfo, Sample, _grad, expect  # noqa: F401
 from op_db.elementwise import _CUDA_VS_CPU  # noqa: F401
 
@@ -52,7 +52,7 @@ def _rms_norm_input(shape: tuple[int, ...], dtype: torch.dtype, device: str, lay
 def _rms_norm_weight(kind: str | None, n: int, dtype: torch.dtype, device: str) -> torch.Tensor | None:
     if kind is None:
         return None
-    if kind == "f32" and dtype in (torch.float16, torch.bfloat16):
+    if kind == "f32" and dtype in HALF_DTYPES:
         return random_tensor((n,), torch.float32, device)
     if kind == "strided":
         return random_tensor((2 * n,), dtype, device)[::2]
