@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import FLOAT_DTYPES, TOLERANCES, poison_cuda_cache, random_tensor, requires_cuda
+from helpers import FLOAT_DTYPES, HALF_DTYPES, TOLERANCES, poison_cuda_cache, random_tensor, requires_cuda
 
 _VECTOR = {torch.float64: 2, torch.float32: 4, torch.float16: 8, torch.bfloat16: 8}
 
@@ -54,7 +54,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, where: str, scale: float = 1.0
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("params", ["weight+bias", "weight", "bias", "none", "f32"])
 def test_layer_norm_every_plan_branch(dtype: torch.dtype, params: str) -> None:
-    if params == "f32" and dtype not in (torch.float16, torch.bfloat16):
+    if params == "f32" and dtype not in HALF_DTYPES:
         pytest.skip("float32 parameters are for 16-bit inputs")
     for nv in _N_VECTORS:
         for aligned in (True, False):

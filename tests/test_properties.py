@@ -423,7 +423,7 @@ def test_layer_norm_matches_float64_reference(data, dtype, device, eps, affine, 
     near the largest finite number rounds one way or the other decides between 0 and NaN or inf)."""
     shape = data.draw(shapes(min_rank=1, min_last=1), label="shape")
     x = make(data.draw(specs(shape, dtype), label="input"), device)
-    pdtype = torch.float32 if f32_params and dtype in (torch.float16, torch.bfloat16) else dtype
+    pdtype = torch.float32 if f32_params and dtype in HALF_DTYPES else dtype
     params = []
     for name in ("weight", "bias"):
         spec = data.draw(specs(shape[-1:], pdtype), label=name) if affine in (name, "both") else None
@@ -776,7 +776,7 @@ def bad_norm_calls(draw, device: str, fault: str):
     if fault == "bias size":
         bias = torch.randn(draw(st.integers(0, 70).filter(lambda s: s != n)), device=device).to(weight.dtype)
     elif fault == "bias dtype":
-        allowed = {dtype, torch.float32} if dtype in (torch.float16, torch.bfloat16) else {dtype}
+        allowed = {dtype, torch.float32} if dtype in HALF_DTYPES else {dtype}
         bias = weight.to(draw(st.sampled_from([t for t in FLOAT_DTYPES + INT_DTYPES if t not in allowed])))
         weight = None  # (with a weight of another dtype the pair's own dtype check could speak first)
     elif fault == "residual shape":

@@ -174,7 +174,14 @@ def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[Erro
     if device == "cuda":
         cases.append(e(Sample((f32(4, 8), torch.randn(8), 1e-6) + extra), "same_device", x="input", y="weight",
                        **_CUDA_VS_CPU))
+        # a row longer than the CUDA kernels take (an expanded view: refused before anything is allocated)
+        long_row = torch.zeros(1, 1, device=device, dtype=torch.bfloat16).expand(1, CUDA_MAX_ROW + 1)
+        cases.append(e(Sample((long_row, None, 1e-6) + extra), "row_limit", on_fake=False, x="input",
+                       n=CUDA_MAX_ROW + 1, max=CUDA_MAX_ROW))
     return cases
+
+
+CUDA_MAX_ROW = (1 << 31) - (1 << 16) - 1  # CudaNorm::kMaxRow (csrc/cuda/norm.cu)
 
 
 def rms_norm_errors(device: str) -> list[ErrorInput]:
