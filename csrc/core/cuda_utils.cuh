@@ -281,25 +281,23 @@ __device__ __forceinline__ void copy_async_wait() {
 // the CTA count of its cluster (0 and 1 outside a cluster), a barrier over every thread of the cluster
 // (release / acquire: shared-memory writes before it are visible to every peer CTA after it), and a peer
 // CTA's address of a __shared__ variable (read through distributed shared memory).
-__device__ __forceinline__ unsigned int cluster_rank() {
+template <bool kCount>
+__device__ __forceinline__ unsigned int cluster_register() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   unsigned int v;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
+  if constexpr (kCount) {
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(v));
+  } else {
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(v));
+  }
   return v;
 #else
-  return 0;
+  return kCount ? 1 : 0;
 #endif
 }
 
-__device__ __forceinline__ unsigned int cluster_blocks() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned int v;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(v));
-  return v;
-#else
-  return 1;
-#endif
-}
+__device__ __forceinline__ unsigned int cluster_rank() { return cluster_register<false>(); }
+__device__ __forceinline__ unsigned int cluster_blocks() { return cluster_register<true>(); }
 
 __device__ __forceinline__ void cluster_barrier() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -61,10 +61,8 @@ void forward_cuda(const NormForward& f) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
     using A = opmath_t<T>;
-    const ForwardArgs<T, W> a{x.tensor.const_data_ptr<T>(),
-                              x.row_stride,
-                              add ? res.tensor.const_data_ptr<T>() : nullptr,
-                              res.row_stride,
+    const ForwardArgs<T, W> a{{x.tensor.const_data_ptr<T>(), x.row_stride},
+                              {add ? res.tensor.const_data_ptr<T>() : nullptr, res.row_stride},
                               mutable_or_null<T>(f.residual_out),
                               data_or_null<W>(f.weight),
                               data_or_null<W>(f.bias),
@@ -76,9 +74,9 @@ void forward_cuda(const NormForward& f) {
                               static_cast<A>(f.eps),
                               static_cast<A>(f.weight_offset)};
     const int64_t n = x.cols;
-    const bool vectors = rows_aligned(a.x, a.x_row_stride, n) && rows_aligned<T>(a.y, n, n) &&
-                         param_aligned<T>(a.weight) && param_aligned<T>(a.bias) &&
-                         (!add || (rows_aligned(a.residual, a.residual_row_stride, n) && rows_aligned<T>(a.h_out, n, n)));
+    const bool vectors = rows_aligned(a.x, n) && rows_aligned<T>({a.y, n}, n) && param_aligned<T>(a.weight) &&
+                         param_aligned<T>(a.bias) &&
+                         (!add || (rows_aligned(a.residual, n) && rows_aligned<T>({a.h_out, n}, n)));
     with_access<T>(vectors, [&](auto c) {
       constexpr int kC = decltype(c)::value;
       if (f.kind == NormKind::kLayer) {
@@ -111,12 +109,9 @@ void backward_cuda(const NormBackward& b) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
     using A = opmath_t<T>;
-    const BackwardArgs<T, W> a{dy.tensor.const_data_ptr<T>(),
-                               dy.row_stride,
-                               x.tensor.const_data_ptr<T>(),
-                               x.row_stride,
-                               dres ? dr.tensor.const_data_ptr<T>() : nullptr,
-                               dr.row_stride,
+    const BackwardArgs<T, W> a{{dy.tensor.const_data_ptr<T>(), dy.row_stride},
+                               {x.tensor.const_data_ptr<T>(), x.row_stride},
+                               {dres ? dr.tensor.const_data_ptr<T>() : nullptr, dr.row_stride},
                                data_or_null<W>(b.weight),
                                data_or_null<A>(mean),
                                rstd.const_data_ptr<A>(),
@@ -129,9 +124,9 @@ void backward_cuda(const NormBackward& b) {
                                0,
                                static_cast<A>(b.weight_offset)};
     const int64_t n = x.cols;
-    const bool vectors = rows_aligned(a.dy, a.dy_row_stride, n) && rows_aligned(a.h, a.h_row_stride, n) &&
-                         param_aligned<T>(a.weight) && (a.dx == nullptr || rows_aligned<T>(a.dx, n, n)) &&
-                         (a.dres == nullptr || rows_aligned(a.dres, a.dres_row_stride, n));
+    const bool vectors = rows_aligned(a.dy, n) && rows_aligned(a.h, n) && param_aligned<T>(a.weight) &&
+                         (a.dx == nullptr || rows_aligned<T>({a.dx, n}, n)) &&
+                         (a.dres.data == nullptr || rows_aligned(a.dres, n));
     with_access<T>(vectors, [&](auto c) {
       constexpr int kC = decltype(c)::value;
       if (b.kind == NormKind::kLayer) {
@@ -153,20 +148,9 @@ struct CudaNorm {
   static void forward(const NormForward& f) { forward_cuda(f); }
   static void backward(const NormBackward& b) { backward_cuda(b); }
 };
-using Ops = NormOps<CudaNorm>;
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(myns, CUDA, m) {
-  m.impl("rms_norm", &Ops::rms_norm);
-  m.impl("_rms_norm_forward", &Ops::rms_norm_forward);
-  m.impl("_rms_norm_backward", &Ops::rms_norm_backward);
-  m.impl("add_rms_norm", &Ops::add_rms_norm);
-  m.impl("_add_rms_norm_forward", &Ops::add_rms_norm_forward);
-  m.impl("_add_rms_norm_backward", &Ops::add_rms_norm_backward);
-  m.impl("layer_norm", &Ops::layer_norm);
-  m.impl("_layer_norm_forward", &Ops::layer_norm_forward);
-  m.impl("_layer_norm_backward", &Ops::layer_norm_backward);
-}
+TORCH_LIBRARY_IMPL(myns, CUDA, m) { register_norm_ops<CudaNorm>(m); }
 
 }  // namespace torchops

@@ -24,12 +24,9 @@ namespace norm_cuda {
 // The pointers and scalars of one backward launch (null where absent or not wanted).
 template <typename T, typename W>
 struct BackwardArgs {
-  const T* dy;
-  int64_t dy_row_stride;
-  const T* h;
-  int64_t h_row_stride;
-  const T* dres;  // added to dx (add_rms_norm's grad_residual_out)
-  int64_t dres_row_stride;
+  Rows<T> dy;
+  Rows<T> h;
+  Rows<T> dres;  // added to dx (add_rms_norm's grad_residual_out)
   const W* weight;
   const opmath_t<T>* mean;  // layer_norm
   const opmath_t<T>* rstd;
@@ -213,8 +210,8 @@ __global__ void __launch_bounds__(kBlockPerRow ? kKeptThreads : 4 * kWarpSize, 1
   const int64_t end = begin + a.rows_per_group < a.rows ? begin + a.rows_per_group : a.rows;
   int parity = 0;
   for (int64_t row = begin + P::in_block(); row < end; row += procs, parity ^= 1) {  // uniform over the processor
-    const T* dyr = a.dy + row * a.dy_row_stride;
-    const T* hr = a.h + row * a.h_row_stride;
+    const T* dyr = a.dy.row(row);
+    const T* hr = a.h.row(row);
     const A r = a.rstd[row];
     const A mean = kLayer ? a.mean[row] : A(0);
     Chunk hc[kSlots], gc[kSlots];
@@ -250,10 +247,11 @@ __global__ void __launch_bounds__(kBlockPerRow ? kKeptThreads : 4 * kWarpSize, 1
       A c1, c2;
       M::coefficients(s, n, r, c1, c2);
       T* dxr = a.dx + row * n;
-      const T* dresr = a.dres != nullptr ? a.dres + row * a.dres_row_stride : nullptr;
+      const T* dresr = a.dres.data != nullptr ? a.dres.row(row) : nullptr;
       auto dx_chunk = [&](int c, const Chunk& hv, const Chunk& gv, const WChunk& w) {
         if (dresr != nullptr) {
-          return M::template input_grad<true>(hv, gv, w, scale, a.offset, mean, r, c1, c2, load_vector<T, kC>(dresr, c));
+          return M::template input_grad<true>(hv, gv, w, scale, a.offset, mean, r, c1, c2,
+                                              load_vector<T, kC>(dresr, c));
         }
         return M::template input_grad<false>(hv, gv, w, scale, a.offset, mean, r, c1, c2, hv);
       };
@@ -340,9 +338,9 @@ __global__ void __launch_bounds__(kStagedThreads, 1) norm_staged_rows_backward_k
     const bool valid = row < end;
     const int64_t at = valid ? row : begin;  // no out-of-range pointer arithmetic past the rows
     const T* src[kTensors];
-    src[0] = a.h + at * a.h_row_stride + col;
-    src[1] = a.dy + at * a.dy_row_stride + col;
-    if constexpr (kDres) src[2] = a.dres + at * a.dres_row_stride + col;
+    src[0] = a.h.row(at) + col;
+    src[1] = a.dy.row(at) + col;
+    if constexpr (kDres) src[2] = a.dres.row(at) + col;
     if (kCluster && valid && threadIdx.x == 0) {
       copy_async_4(&stat_ring[0][stat_slot(row)], a.rstd + row);
       if constexpr (kLayer) copy_async_4(&stat_ring[kCluster ? 1 : 0][stat_slot(row)], a.mean + row);
@@ -452,13 +450,15 @@ template <typename T, typename W, int kC, bool kLayer>
 void launch_backward(BackwardArgs<T, W> a, const at::Tensor& dw, const at::Tensor& db, int device,
                      cudaStream_t stream) {
   using S = RowSum<T>;
-  constexpr size_t kStaticBytes = kReduceScratchBytes<RowSum<T>, BackMath<kLayer, T>::kStats> + 2 * (kStagedStages + 1) * 8;
+  // the kernels' static shared memory: the row sums' scratch and cluster slots, the staged rows' statistics ring
+  constexpr size_t kStaticBytes =
+      kReduceScratchBytes<RowSum<T>, BackMath<kLayer, T>::kStats> + 2 * (kStagedStages + 1) * sizeof(double);
   const int params = static_cast<int>(dw.defined()) + static_cast<int>(db.defined());
   const RowShape shape{kLayer ? NormOp::kLayer : NormOp::kRms, static_cast<int>(sizeof(T)), std::is_same_v<T, double>,
                        kC > 1, a.n, a.rows};
   const DeviceInfo info{device_attribute(cudaDevAttrMultiProcessorCount, device),
                         device_attribute(cudaDevAttrComputeCapabilityMajor, device), smem_limit(device, kStaticBytes)};
-  const bool dres = a.dres != nullptr;
+  const bool dres = a.dres.data != nullptr;
   auto residency = [&](const BackwardPlan& p) {
     const auto kernel = backward_kernel<T, W, kC, kLayer>(p, dres);
     allow_shared_memory(kernel, p.smem, kStaticBytes);

@@ -25,10 +25,8 @@ namespace norm_cuda {
 // The pointers and scalars of one forward launch (null where absent or not wanted).
 template <typename T, typename W>
 struct ForwardArgs {
-  const T* x;
-  int64_t x_row_stride;
-  const T* residual;  // add_rms_norm
-  int64_t residual_row_stride;
+  Rows<T> x;
+  Rows<T> residual;  // add_rms_norm
   T* h_out;  // add_rms_norm's residual_out (dense)
   const W* weight;
   const W* bias;  // layer_norm
@@ -130,7 +128,7 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
       if constexpr (kBias) b[k] = read_param(a.bias, c);
     };
     if (valid) {
-      const T* xr = a.x + row * a.x_row_stride;
+      const T* xr = a.x.row(row);
       if constexpr (kLayer) shift = static_cast<A>(xr[0]);
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
@@ -138,7 +136,7 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
         if (c < n_chunks) v[k] = read(xr, c);
       }
       if constexpr (kAdd) {
-        const T* rr = a.residual + row * a.residual_row_stride;
+        const T* rr = a.residual.row(row);
         T* hr = a.h_out + row * a.n;
         Chunk o[kPer];
 #pragma unroll
@@ -200,7 +198,7 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
       // rare: rows whose squares overflow f64, again with exact statistics (uniform over the warp or block)
       if (in_warp ? __any_sync(kFullWarpMask, valid && !ok) : !ok) {
         register_rows_exact<T, W, kC, kLayer, kWeight, kBias, kPer>(
-            a, valid ? row : -1, kAdd ? a.h_out + row * a.n : a.x + row * a.x_row_stride, t, group_threads,
+            a, valid ? row : -1, kAdd ? a.h_out + row * a.n : a.x.row(row), t, group_threads,
             valid && !ok, parity, exact_scratch);
       }
     }
@@ -275,8 +273,8 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
   auto read_once = [&](const T* base, int c) { return read_chunk<T, kC>(base, c, drop, kAddHints); };
   int parity = 0;
   for (int64_t row = blockIdx.x / cluster; row < a.rows; row += gridDim.x / cluster, parity ^= 1) {
-    const T* xr = a.x + row * a.x_row_stride + first;
-    const T* rr = kAdd ? a.residual + row * a.residual_row_stride + first : nullptr;
+    const T* xr = a.x.row(row) + first;
+    const T* rr = kAdd ? a.residual.row(row) + first : nullptr;
     T* hr = kAdd ? a.h_out + row * a.n + first : nullptr;
     T* yr = a.y + row * a.n + first;
     const A shift = kLayer ? static_cast<A>(xr[0]) : A(0);
@@ -497,7 +495,8 @@ ForwardKernel<T, W> forward_kernel(const ForwardPlan& p, bool weighted, bool bia
                       : forward_kernel_for<T, W, kC, kOp, false, true>(p);
     }
   }
-  return weighted ? forward_kernel_for<T, W, kC, kOp, true, false>(p) : forward_kernel_for<T, W, kC, kOp, false, false>(p);
+  return weighted ? forward_kernel_for<T, W, kC, kOp, true, false>(p)
+                  : forward_kernel_for<T, W, kC, kOp, false, false>(p);
 }
 
 // Plans and launches the forward of `a`'s rows (kC: 16-byte vectors, or 1 for element accesses).

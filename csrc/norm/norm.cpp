@@ -58,7 +58,8 @@ void check_layer_norm_input(const char* op, NamedTensor input, const std::option
 
 void check_norm_row_limit(const char* op, NamedTensor input, int64_t max_row) {
   const int64_t n = input.tensor.size(-1);
-  TORCHOPS_CHECK(n <= max_row, op, input.name, "'s rows of ", n, " elements are longer than this device's kernels take (",
+  TORCHOPS_CHECK(n <= max_row, op, input.name, "'s rows of ", n,
+                 " elements are longer than this device's kernels take (",
                  max_row, ")");
 }
 

@@ -30,6 +30,14 @@ namespace norm_cuda {
 
 using namespace torchops::cuda;
 
+// A tensor's rows, row r starting at data + r * stride (data null: absent).
+template <typename T>
+struct Rows {
+  const T* data;
+  int64_t stride;
+  __host__ __device__ const T* row(int64_t r) const { return data + r * stride; }
+};
+
 // Per-thread row sums and the backward's column partials: see above.
 template <typename T>
 using RowSum = std::conditional_t<is_16bit_float<T>, float, double>;
@@ -402,11 +410,11 @@ inline int round_to_warps(int64_t threads) {
   return static_cast<int>((threads + kWarpSize - 1) / kWarpSize * kWarpSize);
 }
 
-// Every row start of a T tensor with this row stride (and base) 16-byte aligned for n-element rows.
+// Every row start of `rows` (and its base) 16-byte aligned for n-element rows.
 template <typename T>
-bool rows_aligned(const T* base, int64_t row_stride, int64_t n) {
+bool rows_aligned(const Rows<T>& rows, int64_t n) {
   constexpr int kUnit = vector_size<T>();
-  return n % kUnit == 0 && row_stride % kUnit == 0 && is_aligned(base);
+  return n % kUnit == 0 && rows.stride % kUnit == 0 && is_aligned(rows.data);
 }
 
 // A weight (or bias) aligned for its own kUnit-wide (T's vector width) loads; null is.

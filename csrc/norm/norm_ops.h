@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <optional>
 #include <tuple>
@@ -48,14 +49,8 @@ struct NormOps {
       check_norm_input(op, {"input", input}, weight, weight_offset);
     }
     check_norm_row_limit(op, {"input", input}, Backend::kMaxRow);
-    NormForward f;
-    f.kind = NormKind::kRms;
-    f.input = input;
-    f.residual = residual;
-    f.weight = dense_weight(weight);
-    f.eps = eps;
-    f.weight_offset = weight_offset;
-    f.out = empty_like_dense(input);
+    NormForward f{NormKind::kRms, input, residual, dense_weight(weight), at::Tensor(), eps, weight_offset,
+                  empty_like_dense(input)};
     if (residual.defined()) f.residual_out = empty_like_dense(input);
     if (save) f.rstd = empty_stat(input);
     Backend::forward(f);
@@ -92,13 +87,8 @@ struct NormOps {
                                    const OptTensor& bias, double eps, bool save) {
     check_layer_norm_input(op, {"input", input}, weight, bias);
     check_norm_row_limit(op, {"input", input}, Backend::kMaxRow);
-    NormForward f;
-    f.kind = NormKind::kLayer;
-    f.input = input;
-    f.weight = dense_weight(weight);
-    f.bias = dense_weight(bias);
-    f.eps = eps;
-    f.out = empty_like_dense(input);
+    NormForward f{NormKind::kLayer, input, at::Tensor(), dense_weight(weight), dense_weight(bias), eps, 0.0,
+                  empty_like_dense(input)};
     if (save) {
       f.mean = empty_stat(input);
       f.rstd = empty_stat(input);
@@ -144,12 +134,8 @@ struct NormOps {
                                                               double weight_offset) {
     check_norm_backward("_rms_norm_backward", {"grad_out", grad_out}, {"input", input}, weight, {"rstd", rstd},
                         weight_grad, weight_offset);
-    NormBackward b;
-    b.grad_out = grad_out;
-    b.input = input;
-    b.weight = dense_weight(weight);
-    b.rstd = rstd;
-    b.weight_offset = weight_offset;
+    NormBackward b{NormKind::kRms, grad_out, input, at::Tensor(), dense_weight(weight), at::Tensor(), rstd,
+                   weight_offset};
     run_backward(b, input_grad, weight_grad, false);
     return {b.grad_input, b.grad_weight};
   }
@@ -162,17 +148,12 @@ struct NormOps {
     const char* op = "_add_rms_norm_backward";
     check_norm_backward(op, {"grad_out", grad_out}, {"residual_out", residual_out}, weight, {"rstd", rstd},
                         weight_grad, weight_offset);
-    NormBackward b;
-    b.grad_out = grad_out;
-    b.input = residual_out;
-    b.grad_residual_out = optional_tensor(grad_residual_out);
+    NormBackward b{NormKind::kRms, grad_out, residual_out, optional_tensor(grad_residual_out), dense_weight(weight),
+                   at::Tensor(), rstd, weight_offset};
     if (b.grad_residual_out.defined()) {
       check_norm_input_pair(op, {"residual_out", residual_out}, {"grad_residual_out", b.grad_residual_out}, weight,
                             weight_offset);
     }
-    b.weight = dense_weight(weight);
-    b.rstd = rstd;
-    b.weight_offset = weight_offset;
     run_backward(b, true, weight_grad, false);
     return {b.grad_input, b.grad_weight};
   }
@@ -190,16 +171,25 @@ struct NormOps {
     check_norm_stat(op, {"input", input}, {"rstd", rstd});
     TORCHOPS_CHECK(!weight_grad || (weight.has_value() && weight->defined()), op,
                    "weight_grad is true but weight is None");
-    NormBackward b;
-    b.kind = NormKind::kLayer;
-    b.grad_out = grad_out;
-    b.input = input;
-    b.weight = dense_weight(weight);
-    b.mean = mean;
-    b.rstd = rstd;
+    NormBackward b{NormKind::kLayer, grad_out, input, at::Tensor(), dense_weight(weight), mean, rstd, 0.0};
     run_backward(b, input_grad, weight_grad, bias_grad);
     return {b.grad_input, b.grad_weight, b.grad_bias};
   }
 };
+
+// Registers every norm op's kernel of a backend (in its TORCH_LIBRARY_IMPL block).
+template <typename Backend>
+void register_norm_ops(torch::Library& m) {
+  using Ops = NormOps<Backend>;
+  m.impl("rms_norm", &Ops::rms_norm);
+  m.impl("_rms_norm_forward", &Ops::rms_norm_forward);
+  m.impl("_rms_norm_backward", &Ops::rms_norm_backward);
+  m.impl("add_rms_norm", &Ops::add_rms_norm);
+  m.impl("_add_rms_norm_forward", &Ops::add_rms_norm_forward);
+  m.impl("_add_rms_norm_backward", &Ops::add_rms_norm_backward);
+  m.impl("layer_norm", &Ops::layer_norm);
+  m.impl("_layer_norm_forward", &Ops::layer_norm_forward);
+  m.impl("_layer_norm_backward", &Ops::layer_norm_backward);
+}
 
 }  // namespace torchops

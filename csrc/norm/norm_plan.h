@@ -87,8 +87,8 @@ inline ForwardPlan register_rows(bool vectors, int64_t chunks, int64_t rows, int
   ForwardPlan p;
   p.form = ForwardForm::kRegisterRows;
   if (per == 0) {
-    per = vectors ? static_cast<int>(std::min<int64_t>(kMaxRegisterPer, next_pow2((chunks + kPlanWarp - 1) / kPlanWarp)))
-                  : kMaxRegisterPer;
+    const int64_t warp_per = next_pow2((chunks + kPlanWarp - 1) / kPlanWarp);
+    per = vectors ? static_cast<int>(std::min<int64_t>(kMaxRegisterPer, warp_per)) : kMaxRegisterPer;
     row_threads = static_cast<int>(next_pow2((chunks + per - 1) / per));
   }
   p.per = per;
@@ -164,7 +164,9 @@ ForwardPlan plan_forward(const RowShape& s, const DeviceInfo& d, Residency&& res
     int threads = stream_threads(add, chunks);
     if (threads > 0) {
       const size_t elem_smem = static_cast<size_t>(kPlanVectorBytes);
-      auto smem_for = [&](int64_t part) { return static_cast<size_t>((part + threads - 1) / threads) * threads * elem_smem; };
+      auto smem_for = [&](int64_t part) {
+        return static_cast<size_t>((part + threads - 1) / threads) * threads * elem_smem;
+      };
       int cluster = 1;
       if (add && smem_for(chunks) > d.smem_optin && d.cc_major >= 9) {
         // residual_out past one block's shared memory: the fewest blocks of a cluster whose parts are exactly 4
