@@ -110,16 +110,47 @@ TORCH_LIBRARY(myns, m) {
   // Autocast: lower precision, like torch.sparse.mm (addmm).
   define(m, "csr_spmm(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense) -> Tensor",
          Cast::kLowerPrecision);
-  // Same result; backward takes dense's gradient through the given transpose (from _csr_transpose).
-  // torchops.spmm's eager path: the same product as csr_spmm, so the same autocast policy.
-  define(m, "_csr_spmm_with_transpose(Tensor crow_indices, Tensor col_indices, Tensor values, Tensor dense, "
-            "Tensor t_crow_indices, Tensor t_col_indices, Tensor t_perm) -> Tensor",
+  // Row i of the result reduces values[p] * dense[col_indices[p]] over row i's nonzeros p with reduce "sum",
+  // "mean", "max" or "min" (values None: every value is 1; an empty row gives 0). Heads: values (nnz,) or
+  // (nnz, H), dense (K, D) or (K, H, D), result (M, D) or (M, H, D). max / min pass the gradient to the first
+  // nonzero of the row (lowest position) reaching the extreme, a NaN product above every number.
+  // Autocast: lower precision, like torch.sparse.mm.
+  define(m, "spmm_reduce(Tensor crow_indices, Tensor col_indices, Tensor? values, Tensor dense, str reduce=\"sum\") "
+            "-> Tensor",
          Cast::kLowerPrecision);
-  // out[p] = dot(grad_out[row(p)], dense[col_indices[p]]) for every nonzero p: the gradient of values.
-  define(m, "_csr_sddmm(Tensor crow_indices, Tensor col_indices, Tensor grad_out, Tensor dense) -> Tensor");
+  // Internal, for autograd of max / min: the result and the selected positions (arg, shaped like it, the
+  // indices' dtype, -1 for an empty row).
+  define(m, "_spmm_reduce_forward(Tensor crow_indices, Tensor col_indices, Tensor? values, Tensor dense, "
+            "str reduce) -> (Tensor out, Tensor arg)");
+  // Internal: the gradients of a max / min through its arg (grad_values when values_grad, grad_dense when
+  // dense_grad; else [0]-shaped placeholders). The transpose (all three or none) serves backends that need it.
+  define(m, "_spmm_reduce_backward(Tensor grad_out, Tensor crow_indices, Tensor col_indices, Tensor? values, "
+            "Tensor dense, Tensor arg, Tensor? t_crow_indices, Tensor? t_col_indices, Tensor? t_perm, "
+            "bool values_grad, bool dense_grad) -> (Tensor grad_values, Tensor grad_dense)");
+  // spmm_reduce whose backward takes dense's gradient through the given transpose (from _csr_transpose).
+  // torchops.spmm's eager path: the same product as spmm_reduce, so the same autocast policy.
+  define(m, "_csr_spmm_with_transpose(Tensor crow_indices, Tensor col_indices, Tensor? values, Tensor dense, "
+            "Tensor t_crow_indices, Tensor t_col_indices, Tensor t_perm, str reduce=\"sum\") -> Tensor",
+         Cast::kLowerPrecision);
   // The K x M transpose in CSR form (= A in CSC): (t_crow_indices[K + 1], t_col_indices[nnz] = row of each
   // nonzero, t_perm[nnz] = its position in A), stable: rows ascending within each column.
   define(m, "_csr_transpose(Tensor crow_indices, Tensor col_indices, SymInt K) -> (Tensor, Tensor, Tensor)");
+
+  m.set_python_module("torchops._meta_kernels.csr_sddmm");
+  // One value per nonzero (i, j) of the M x K CSR structure: op "dot" sums a[i, ..., :] * b[j, ..., :] over the
+  // last dimension (a (M, D) or (M, H, D), b (K, D) or (K, H, D)), "add" gives a[i] + b[j] and "mul"
+  // a[i] * b[j] (a (M,) or (M, H), b (K,) or (K, H)); the result is (nnz,) or (nnz, H).
+  // Autocast: lower precision, like the products it generalises.
+  define(m, "sddmm(Tensor crow_indices, Tensor col_indices, Tensor a, Tensor b, str op=\"dot\") -> Tensor",
+         Cast::kLowerPrecision);
+
+  m.set_python_module("torchops._meta_kernels.csr_softmax");
+  // Softmax over each row's nonzeros of values (nnz,) or (nnz, H), per head; f32 math for 16-bit values.
+  // Autocast: float32, like softmax.
+  define(m, "csr_softmax(Tensor crow_indices, Tensor values) -> Tensor", Cast::kFloat32);
+  // Internal: csr_softmax's gradient y * (grad_out - sum over the row of grad_out * y), y = csr_softmax(values)
+  // recomputed (a graph node cannot keep its own output).
+  define(m, "_csr_softmax_backward(Tensor crow_indices, Tensor grad_out, Tensor values) -> Tensor");
 
   m.set_python_module("torchops._meta_kernels.rms_norm");
   // input * rsqrt(mean(input^2, -1) + eps) * (weight + weight_offset), over the last dimension; the offset

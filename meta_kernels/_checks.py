@@ -85,18 +85,28 @@ MESSAGES: dict[str, str] = {
     # CSR (csrc/csr/csr.cpp)
     "one_d": "{x} must be 1-D, got shape {shape}",
     "two_d": "{x} must be 2-D, got shape {shape}",
+    "dims": "{x} must be {what}, got shape {shape}",
     "crow_empty": "{x} must hold M + 1 >= 1 entries, got none",
     "nnz_mismatch": "col_indices and values must have the same length (nnz), got {col} and {values}",
-    "grad_out_rows": "grad_out must have crow_indices.numel() - 1 = {m} rows, got {rows}",
-    "grad_out_columns": "grad_out and dense must have the same number of columns, got {x_columns} and {y_columns}",
+    "rows": "{x} must have crow_indices.numel() - 1 = {m} rows, got {rows}",
+    "values_heads": "values of shape {values} gives each nonzero one value per head, so dense must be 3-D (K, H, D) "
+                    "with H = {heads}, got shape {dense}",
+    "same_trailing": "{x} and {y} must have the same size in every dimension but the first, got shapes {x_shape} and "
+                     "{y_shape}",
+    "reduce": "reduce must be 'sum', 'mean', 'max' or 'min', got '{got}'",
+    "reduce_selects": "reduce must be 'max' or 'min' (a reduction that selects one nonzero), got '{got}'",
+    "sddmm_op": "op must be 'dot', 'add' or 'mul', got '{got}'",
+    "result_shape": "grad_out must have the result's shape {shape}, got {got}",
+    "values_grad_without_values": "values_grad is true but values is None",
+    "transpose_parts": "t_crow_indices, t_col_indices and t_perm are a transpose: give all three or none, got {given}",
     "t_crow_size": "t_crow_indices must hold K + 1 = {k_plus_1} entries (K = dense.size(0)), got {got}",
     "t_nnz": "t_col_indices and t_perm must hold nnz = {nnz} entries, got {t_col} and {t_perm}",
     "negative_K": "K must be non-negative, got {K}",
-    # CSR structure: read from the indices, so raised by the CPU kernels only (csr.cpp) and
-    # torchops.csr_spmm(check_invariants=True), never by fake kernels (no data)
+    # CSR structure: read from the indices, so raised by the CPU kernels only (csr.cpp) and the wrappers'
+    # check_invariants=True, never by fake kernels (no data)
     "crow_first": "crow_indices[0] must be 0, got {got}",
     "crow_decreasing": "crow_indices must be non-decreasing, got crow_indices[{i}] = {a} > crow_indices[{j}] = {b}",
-    "crow_last": "crow_indices[-1] must equal nnz = {nnz} (the length of col_indices), got {got}",
+    "crow_last": "crow_indices[-1] must equal nnz = {nnz} (the length of {of}), got {got}",
     "col_out_of_range": "col_indices must lie in [0, K) with K = {K}, got col_indices[{p}] = {got}",
 }
 

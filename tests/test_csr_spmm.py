@@ -323,7 +323,7 @@ def test_cuda_malformed_indices_do_not_crash(index_dtype, crow, col, k) -> None:
     for n in (1, 32, 128, 512):
         dense = torch.randn(k, n, device="cuda")
         torchops.csr_spmm(crow, col, values, dense)  # result unspecified, but in bounds
-        torch.ops.myns._csr_sddmm(crow, col, torch.randn(crow.numel() - 1, n, device="cuda"), dense)
+        torch.ops.myns.sddmm(crow, col, torch.randn(crow.numel() - 1, n, device="cuda"), dense, "dot")
     torch.ops.myns._csr_transpose(crow, col, k)
     torch.cuda.synchronize()  # a device-side fault would surface here
     x = torch.randn(1000, device="cuda")

@@ -595,6 +595,143 @@ def test_spmm_gradients_follow_in_place_structure_changes(data, device, change) 
     assert_close_to_reference(dense.grad.cpu(), expected)
 
 
+# ----------------------------------------------------------------------- spmm_reduce, sddmm, csr_softmax
+
+REDUCES = ("sum", "mean", "max", "min")
+HEAD_LAYOUTS = ("1-D", "heads", "shared")  # values (nnz,) & dense (K, D); (nnz, H) & (K, H, D); (nnz,) & (K, H, D)
+
+
+def _spmm_reduce_operands(data, dtype: torch.dtype, device: str, special: bool = True):
+    """(csr, crow, col, values or None, dense, layout): any structure, dense and values in any layout, maybe
+    with heads, NaN/inf/0/tiny/subnormal sprinkled in (as _csr_operands)."""
+    csr, crow, col, v, d = _csr_operands(data, dtype, device, special=special)
+    layout = data.draw(st.sampled_from(HEAD_LAYOUTS), label="heads")
+    if layout != "1-D":
+        h = data.draw(st.integers(1, 4), label="H")
+        dspec = data.draw(specs((csr.k, h, d.shape[1]), dtype, kinds=("moderate",)), label="3-D dense")
+        if not special:
+            dspec = Spec(dspec.shape, dtype, dspec.layout, Values(dspec.values.seed, "moderate", 0.0))
+        d = make(dspec, device, huge=False)
+        if layout == "heads":
+            vspec = data.draw(specs((col.numel(), h), dtype, kinds=("moderate",)), label="2-D values")
+            if not special:
+                vspec = Spec(vspec.shape, dtype, vspec.layout, Values(vspec.values.seed, "moderate", 0.0))
+            v = make(vspec, device, huge=False)
+    if layout != "heads" and data.draw(st.booleans(), label="values None"):
+        v = None
+    return csr, crow, col, v, d
+
+
+def spmm_reduce_reference(crow, col, values, dense, reduce):
+    """Row i reduces values[p] * dense[col[p]] over its nonzeros (0 for an empty row), functional (no in-place
+    ops, so torch.func transforms run through it)."""
+    rows = torch.repeat_interleave(torch.arange(crow.numel() - 1), (crow[1:] - crow[:-1]).long())
+    x = dense[col.long()]
+    if values is not None:
+        x = values.view(values.shape + (1,) * (x.dim() - values.dim())) * x
+    index = rows.view((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
+    out = torch.zeros((crow.numel() - 1,) + tuple(dense.shape[1:]), dtype=dense.dtype)
+    how = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin"}[reduce]
+    return out.scatter_reduce(0, index, x, how, include_self=False)
+
+
+@given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, reduce=st.sampled_from(REDUCES))
+def test_spmm_reduce_matches_float64_reference(data, dtype, device, reduce) -> None:
+    csr, crow, col, v, d = _spmm_reduce_operands(data, dtype, device)
+    expected = spmm_reduce_reference(*upcast((crow, col, v, d)), reduce)
+    check = data.draw(st.booleans(), label="check_invariants")
+    _check_new_output(torchops.spmm_reduce(crow, col, v, d, reduce, check_invariants=check), expected, device)
+
+
+@given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, reduce=st.sampled_from(REDUCES))
+def test_spmm_reduce_gradients_match_float64_reference(data, dtype, device, reduce) -> None:
+    """Sum and mean against float64 autograd; max and min against the float64 form of their rule (the first
+    nonzero of the row reaching the extreme takes the gradient)."""
+    from op_db.csr import spmm_reduce_arg_reference, spmm_reduce_backward_reference
+
+    csr, crow, col, v, d = _spmm_reduce_operands(data, dtype, device, special=False)
+    m = len(csr.rows)
+    gspec = data.draw(specs((m,) + tuple(d.shape[1:]), dtype, kinds=("moderate",)), label="grad_out")
+    g = make(Spec(gspec.shape, dtype, gspec.layout, Values(gspec.values.seed, "moderate", 0.0)), device)
+    leaves = [t.detach().requires_grad_() for t in (v, d) if t is not None]
+    out = torchops.spmm_reduce(crow, col, leaves[0] if v is not None else None, leaves[-1], reduce)
+    got = torch.autograd.grad(out, leaves, g, allow_unused=True, materialize_grads=True)
+    c64, col64, v64, d64, g64 = upcast((crow, col, v, d, g))
+    if reduce in ("sum", "mean"):
+        ref_leaves = [t.requires_grad_() for t in (v64, d64) if t is not None]
+        ref = spmm_reduce_reference(c64, col64, ref_leaves[0] if v is not None else None, ref_leaves[-1], reduce)
+        expected = torch.autograd.grad(ref, ref_leaves, g64, allow_unused=True, materialize_grads=True)
+    else:
+        arg = spmm_reduce_arg_reference(c64, col64, v64, d64, reduce)
+        gv, gd = spmm_reduce_backward_reference(g64, c64, col64, v64, d64, arg, None, None, None, v is not None, True)
+        expected = (gv, gd) if v is not None else (gd,)
+    for a, e in zip(got, expected, strict=True):
+        assert_close_to_reference(a.cpu(), e)
+
+
+@given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices, op=st.sampled_from(("dot", "add", "mul")))
+def test_sddmm_and_its_gradients_match_float64_reference(data, dtype, device, op) -> None:
+    csr = data.draw(csrs(), label="csr")
+    crow, col = csr.indices(device)
+    heads = data.draw(st.sampled_from((None, 1, 3)), label="H")
+    n = data.draw(_CSR_N, label="D") if op == "dot" else None
+    tail = tuple(t for t in (heads, n) if t is not None)
+    aspec = data.draw(specs((len(csr.rows),) + tail, dtype, kinds=("moderate",)), label="a")
+    bspec = data.draw(specs((csr.k,) + tail, dtype, kinds=("moderate",)), label="b")
+    a, b = make(aspec, device, huge=False), make(bspec, device, huge=False)
+    out = torchops.sddmm(crow, col, a, b, op, check_invariants=data.draw(st.booleans(), label="check_invariants"))
+    rows = torch.repeat_interleave(torch.arange(len(csr.rows)), (crow[1:] - crow[:-1]).long().cpu())
+
+    def reference(x, y):
+        xs, ys = x[rows], y[col.long().cpu()]
+        return (xs * ys).sum(-1) if op == "dot" else xs + ys if op == "add" else xs * ys
+
+    a64, b64 = (t.requires_grad_() for t in upcast((a, b)))
+    expected = reference(a64, b64)
+    _check_new_output(out, expected, device)
+    if any(t.isnan().any() or t.isinf().any() for t in (a, b)):
+        return
+    g = fill(out.numel(), dtype, Values(data.draw(st.integers(0, 2**31 - 1), label="g seed"), "moderate", 0.0))
+    g = g.view(out.shape)
+    leaves = [t.detach().requires_grad_() for t in (a, b)]
+    got = torch.autograd.grad(torchops.sddmm(crow, col, *leaves, op), leaves, g.to(device))
+    for x, e in zip(got, torch.autograd.grad(expected, (a64, b64), g.double())):
+        assert_close_to_reference(x.cpu(), e)
+
+
+def csr_softmax_reference(crow, values):
+    rows = torch.repeat_interleave(torch.arange(crow.numel() - 1), (crow[1:] - crow[:-1]).long())
+    index = rows.view((-1,) + (1,) * (values.dim() - 1)).expand_as(values)
+    top = torch.zeros((crow.numel() - 1,) + tuple(values.shape[1:]), dtype=values.dtype)
+    top = top.scatter_reduce(0, index, values, "amax", include_self=False)
+    e = torch.exp(values - top[rows])
+    return e / torch.zeros_like(top).index_add(0, rows, e)[rows]
+
+
+@given(data=st.data(), dtype=st.sampled_from(FLOAT_DTYPES), device=devices)
+def test_csr_softmax_and_its_gradient_match_float64_reference(data, dtype, device) -> None:
+    """Values spread over the dtype's whole range with NaN, +-inf and the rest sprinkled in: the row's
+    maximum keeps exp from overflowing; a NaN (or +inf, which leaves inf - inf) makes the row NaN, as in
+    torch.softmax."""
+    csr = data.draw(csrs(), label="csr")
+    crow, _ = csr.indices(device)
+    nnz = sum(len(r) for r in csr.rows)
+    shape = (nnz,) if data.draw(st.booleans(), label="1-D") else (nnz, data.draw(st.integers(1, 5), label="H"))
+    values = make(data.draw(specs(shape, dtype), label="values"), device, huge=True)
+    out = torchops.csr_softmax(crow, values, check_invariants=data.draw(st.booleans(), label="check_invariants"))
+    c64, v64 = upcast((crow, values))
+    _check_new_output(out, csr_softmax_reference(c64, v64), device)
+    moderate = make(Spec(shape, dtype, data.draw(layouts(len(shape)), label="layout"),
+                         Values(data.draw(st.integers(0, 2**31 - 1), label="seed"), "moderate", 0.0)), device)
+    g = fill(math.prod(shape), dtype, Values(data.draw(st.integers(0, 2**31 - 1), label="g seed"), "moderate", 0.0))
+    g = g.view(shape)
+    leaf = moderate.detach().requires_grad_()
+    (got,) = torch.autograd.grad(torchops.csr_softmax(crow, leaf), leaf, g.to(device))
+    ref_leaf = upcast((moderate,))[0].requires_grad_()
+    (expected,) = torch.autograd.grad(csr_softmax_reference(c64, ref_leaf), ref_leaf, g.double())
+    assert_close_to_reference(got.cpu(), expected)
+
+
 # ------------------------------------------------------------------------------------------ forward-mode AD
 
 def _op_cases(data, device):
@@ -621,6 +758,20 @@ def _op_cases(data, device):
         ("spmm", lambda d, A=torch.sparse_csr_tensor(crow, col, values, (len(csr.rows), csr.k)): torchops.spmm(A, d),
          lambda d: csr_reference(c64, col64, values.cpu(), d), (x((csr.k, n)),)),
     ]
+    heads = data.draw(st.integers(1, 3), label="H")
+    hvalues, hdense = x((col.numel(), heads)), x((csr.k, heads, n))
+    for reduce in ("sum", "mean", "max"):
+        cases.append(("spmm_reduce", lambda v, d, r=reduce: torchops.spmm_reduce(crow, col, v, d, r),
+                      lambda v, d, r=reduce: spmm_reduce_reference(c64, col64, v, d, r), (hvalues, hdense)))
+    cases.append(("spmm_reduce", lambda d: torchops.spmm_reduce(crow, col, None, d, "min"),
+                  lambda d: spmm_reduce_reference(c64, col64, None, d, "min"), (x((csr.k, n)),)))
+    rows = torch.repeat_interleave(torch.arange(len(csr.rows)), (c64[1:] - c64[:-1]).long())
+    cases.append(("sddmm", lambda a, b: torchops.sddmm(crow, col, a, b),
+                  lambda a, b: (a[rows] * b[col64.long()]).sum(-1), (x((len(csr.rows), heads, n)), hdense)))
+    cases.append(("sddmm", lambda a, b: torchops.sddmm(crow, col, a, b, "add"),
+                  lambda a, b: a[rows] + b[col64.long()], (x((len(csr.rows), heads)), x((csr.k, heads)))))
+    cases.append(("csr_softmax", lambda v: torchops.csr_softmax(crow, v), lambda v: csr_softmax_reference(c64, v),
+                  (hvalues,)))
     cases.append(("layer_norm", lambda a, w, b: torchops_layer_norm(a, w, b),
                   lambda a, w, b: torch.nn.functional.layer_norm(a, a.shape[-1:], w, b, 1e-5),
                   (x(rshape), x(rshape[-1:]), x(rshape[-1:]))))
@@ -643,8 +794,14 @@ def rms_norm_reference_functional(x, weight, eps):
 SPMM_ERROR_PREFIXES = ("myns::csr_spmm: ", "myns::_csr_transpose: ", "myns::_csr_spmm_with_transpose: ", "torchops.spmm: ")
 
 
+# Through autograd, max and min run _spmm_reduce_forward below spmm_reduce (its structure errors name it).
+SPMM_REDUCE_ERROR_PREFIXES = ("myns::spmm_reduce: ", "myns::_spmm_reduce_forward: ")
+
+
 def _prefixes(name: str) -> tuple[str, ...]:
-    return SPMM_ERROR_PREFIXES if name == "spmm" else (f"myns::{name}: ",)
+    if name == "spmm":
+        return SPMM_ERROR_PREFIXES + SPMM_REDUCE_ERROR_PREFIXES
+    return SPMM_REDUCE_ERROR_PREFIXES if name == "spmm_reduce" else (f"myns::{name}: ",)
 
 
 @given(data=st.data(), device=devices, api=st.sampled_from(("torch.func.jvp", "forward_ad")))
@@ -834,6 +991,58 @@ def bad_csr_metadata_calls(draw, device: str, fault: str):
     return "csr_spmm", fault, lambda: torchops.csr_spmm(crow, col, v, d, check_invariants=check), (crow, col, v, d), not check
 
 
+@st.composite
+def bad_sparse_op_calls(draw, device: str, fault: str):
+    """spmm_reduce, sddmm and csr_softmax with one bad argument."""
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    csr = draw(csrs(max_m=6, max_k=6))
+    crow, col = csr.indices(device)
+    m, n, nnz = len(csr.rows), draw(st.integers(0, 5)), col.numel()
+    other = {torch.int32: torch.int64, torch.int64: torch.int32}[csr.index_dtype]
+    v, d = torch.randn(nnz, device=device).to(dtype), torch.randn(csr.k, 2, n, device=device).to(dtype)
+    reduce = draw(st.sampled_from(REDUCES))
+    if fault.startswith("softmax"):
+        values = torch.randn(nnz, 2, device=device).to(dtype)
+        if fault == "softmax values 3-D":
+            values = values.view(nnz, 2, 1)
+        elif fault == "softmax int values":
+            values = values.to(draw(st.sampled_from(INT_DTYPES + _UNSUPPORTED)))
+        elif fault == "softmax index device":
+            crow = crow.to(OTHER_DEVICE[device])
+        return "csr_softmax", fault, lambda: torchops.csr_softmax(crow, values), (crow, values), True
+    if fault.startswith("sddmm"):
+        a, b = torch.randn(m, 2, n, device=device).to(dtype), d
+        op = "dot"
+        if fault == "sddmm op":
+            op = draw(st.sampled_from(("sum", "DOT", "", "matmul")))
+        elif fault == "sddmm a rows":
+            a = torch.randn(m + draw(st.sampled_from((1, 3))), 2, n, device=device).to(dtype)
+        elif fault == "sddmm trailing":
+            b = torch.randn(csr.k, 3, n, device=device).to(dtype)
+        elif fault == "sddmm b device":
+            b = b.to(OTHER_DEVICE[device])
+        return "sddmm", fault, lambda: torchops.sddmm(crow, col, a, b, op), (crow, col, a, b), True
+    if fault == "index dtypes differ":
+        col = col.to(other)
+    elif fault == "values 3-D":
+        v = v.view(-1, 1, 1)
+    elif fault == "values length":
+        v = torch.randn(nnz + draw(st.sampled_from((1, 2, 7))), device=device).to(dtype)
+    elif fault == "dense rank":
+        d = torch.randn(draw(st.sampled_from(((csr.k,), (csr.k, 2, n, 1), ()))), device=device).to(dtype)
+    elif fault == "int dense":
+        v, d = v.to(torch.int32), d.to(draw(st.sampled_from(INT_DTYPES + _UNSUPPORTED)))
+    elif fault == "heads mismatch":
+        v = torch.randn(nnz, draw(st.sampled_from((1, 3))), device=device).to(dtype)
+    elif fault == "reduce":
+        reduce = draw(st.sampled_from(("amax", "avg", "", "SUM")))
+    elif fault == "values device":
+        v = v.to(OTHER_DEVICE[device])
+    check = draw(st.booleans())
+    call = lambda: torchops.spmm_reduce(crow, col, v, d, reduce, check_invariants=check)  # noqa: E731
+    return "spmm_reduce", fault, call, (crow, col, v, d), not check
+
+
 # Words the message must hold for each fault: the argument at fault and what is wrong with it.
 FAULT_WORDS: dict[str, tuple[str, ...]] = {
     "shape": ("shape",), "dtype": ("dtype",), "unsupported": ("unsupported dtype",), "device": ("device",),
@@ -849,6 +1058,10 @@ FAULT_WORDS: dict[str, tuple[str, ...]] = {
     "values 2-D": ("values",), "values length": ("values",), "dense rank": ("dense",), "dtypes differ": ("dtype",),
     "int values": ("values", "unsupported dtype"), "unsupported values": ("unsupported dtype",),
     "values device": ("device",), "dense device": ("device",), "index device": ("device",),
+    "values 3-D": ("values",), "int dense": ("dense", "unsupported dtype"), "heads mismatch": ("values", "dense"),
+    "reduce": ("reduce",), "sddmm op": ("op",), "sddmm a rows": ("a", "rows"), "sddmm trailing": ("a", "b"),
+    "sddmm b device": ("device",), "softmax values 3-D": ("values",),
+    "softmax int values": ("values", "unsupported dtype"), "softmax index device": ("device",),
 }
 
 
@@ -869,6 +1082,9 @@ _FAULTS = {
     "csr": ("index dtypes differ", "float indices", "crow 2-D", "crow empty", "col 2-D", "values 2-D", "values length",
             "dense rank", "dtypes differ", "int values", "unsupported values", "values device", "dense device",
             "index device"),
+    "sparse": ("index dtypes differ", "values 3-D", "values length", "dense rank", "int dense", "heads mismatch",
+               "reduce", "values device", "sddmm op", "sddmm a rows", "sddmm trailing", "sddmm b device",
+               "softmax values 3-D", "softmax int values", "softmax index device"),
 }
 
 
@@ -879,7 +1095,8 @@ def test_bad_metadata_raises_a_named_error_also_when_traced(data, device, kind, 
     """Metadata errors (shapes, dtypes, devices, ranks, lengths) raise `myns::<op>: ...` naming the argument
     at fault, in eager mode (also with check_invariants=True) and from the fake kernels (what torch.compile
     and torch.export run)."""
-    strategy = {"elementwise": bad_elementwise_calls, "norm": bad_norm_calls, "csr": bad_csr_metadata_calls}[kind]
+    strategy = {"elementwise": bad_elementwise_calls, "norm": bad_norm_calls, "csr": bad_csr_metadata_calls,
+                "sparse": bad_sparse_op_calls}[kind]
     name, fault, call, tensors, fakeable = data.draw(strategy(device, fault), label="call")
     note(f"{name}: {fault}: " + ", ".join(f"{tuple(t.shape)} {t.dtype} {t.device}" for t in tensors if t is not None))
     _assert_named_error(name, fault, call)
@@ -957,13 +1174,17 @@ def malformed_csr(draw):
 
 @settings(max_examples=5 * settings.default.max_examples)
 @given(case=malformed_csr(), path=st.sampled_from(("csr_spmm", "check_invariants", "spmm", "spmm with grad",
-                                                   "_csr_transpose", "_csr_sddmm", "check_invariants on meta")),
-       n=st.integers(0, 5))
-def malformed_csr_property(case, path, n) -> None:
+                                                   "_csr_transpose", "sddmm", "check_invariants on meta",
+                                                   "spmm_reduce", "spmm_reduce with grad", "spmm max with grad",
+                                                   "sddmm check_invariants", "csr_softmax",
+                                                   "csr_softmax check_invariants")),
+       n=st.integers(0, 5), reduce=st.sampled_from(REDUCES))
+def malformed_csr_property(case, path, n, reduce) -> None:
     """Malformed CSR on the CPU raises `myns::<op>: ...`: never a crash, never a result (check_invariants on
-    meta tensors may skip the data checks, which need the values, but must not fail in another way)."""
+    meta tensors may skip the data checks, which need the values, but must not fail in another way).
+    csr_softmax reads no columns: damage to col_indices' entries alone leaves it a valid call."""
     fault, crow, col, k = case
-    _record(f"{path}: {fault}: crow={crow.tolist()} col={col.tolist()} K={k} N={n}")
+    _record(f"{path}: {fault}: crow={crow.tolist()} col={col.tolist()} K={k} N={n} reduce={reduce}")
     values, dense = torch.randn(col.numel(), dtype=torch.float64), torch.randn(k, n, dtype=torch.float64)
     m = crow.numel() - 1
     name = "csr_spmm"
@@ -986,9 +1207,24 @@ def malformed_csr_property(case, path, n) -> None:
         name, call = "spmm", lambda: torchops.spmm(A, d)  # noqa: E731
     elif path == "_csr_transpose":
         name, call = "_csr_transpose", lambda: MYNS._csr_transpose.default(crow, col, k)  # noqa: E731
+    elif path.startswith("spmm_reduce") or path == "spmm max with grad":
+        d = dense.requires_grad_(path.endswith("with grad"))
+        r = "max" if path == "spmm max with grad" else reduce
+        name, call = "spmm_reduce", lambda: torchops.spmm_reduce(crow, col, values, d, r)  # noqa: E731
+    elif path.startswith("sddmm"):
+        a = torch.randn(max(m, 0), n, dtype=torch.float64)
+        check = path.endswith("check_invariants")
+        name, call = "sddmm", lambda: torchops.sddmm(crow, col, a, dense, check_invariants=check)  # noqa: E731
     else:
-        grad_out = torch.randn(max(m, 0), n, dtype=torch.float64)
-        name, call = "_csr_sddmm", lambda: MYNS._csr_sddmm.default(crow, col, grad_out, dense)  # noqa: E731
+        check = path.endswith("check_invariants")
+        try:
+            torchops.csr_softmax(crow, values, check_invariants=check)
+        except RuntimeError as e:
+            assert str(e).startswith("myns::csr_softmax: "), f"{fault}: {e}"
+            assert fault not in ("col >= K", "col < 0"), f"{fault}: csr_softmax reads no column: {e}"
+            return
+        assert fault in ("col >= K", "col < 0"), f"{path}: {fault}: no error"
+        return
     try:
         call()
     except RuntimeError as e:

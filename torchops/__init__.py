@@ -13,11 +13,11 @@ from torchops import _native
 _C = _native.load()  # registers the myns schemas and the CPU/CUDA/Autograd kernels
 _native.load_fake_kernels()  # torchops._meta_kernels: fake kernels for torch.compile / torch.export
 
-from torchops import nn, ops  # noqa: E402
+from torchops import graph, nn, ops  # noqa: E402
 from torchops._after_import import after_import  # noqa: E402
 from torchops.ops import *  # noqa: E402,F403  every wrapper in ops.__all__: a new one needs no edit here
 
-__all__ = ["build_info", "cmake_prefix_path", "library_path", "nn"]
+__all__ = ["build_info", "cmake_prefix_path", "graph", "library_path", "nn"]
 __all__ += ops.__all__  # the form type checkers follow
 
 

@@ -1,10 +1,13 @@
-"""Train two small models with torchops, eagerly and under torch.compile, next to plain PyTorch.
+"""Train three small models with torchops, eagerly and under torch.compile, next to plain PyTorch.
 
     python -m torchops.demo [--device cpu|cuda] [--steps N]      (``make demo``)
 
 1. A LLaMA-style pre-norm MLP block, ``x + down(swiglu(gate(h), up(h)))`` with ``h = RMSNorm(x)``:
    ``torchops.nn.RMSNorm``, ``torchops.swiglu`` and ``torchops.vector_add`` for the residual.
 2. A two-layer GCN, ``A relu(A X W1) W2``, its sparse products by ``torchops.csr_spmm``.
+3. A two-layer GAT (graph attention, as PyG's ``GATConv``): per-edge scores by ``torchops.sddmm``, their
+   softmax over each node's incoming edges by ``torchops.csr_softmax``, the weighted sum of the sources'
+   features by ``torchops.spmm_reduce``: no tensor with a row per edge and feature.
 
 Each model is trained from the same weights on the same data three ways: plain PyTorch, torchops, and
 torchops under ``torch.compile(fullgraph=True)`` (which refuses any graph break). The demo prints the losses
@@ -67,6 +70,60 @@ class GCN(nn.Module):
     def forward(self, crow: Tensor, col: Tensor, values: Tensor, x: Tensor) -> Tensor:
         h = torch.relu(self.propagate(crow, col, values, self.lin1(x)))
         return self.propagate(crow, col, values, self.lin2(h))
+
+
+class GATLayer(nn.Module):
+    """Graph attention over a graph in CSR form (row i: node i's incoming edges, columns their sources), the
+    layer of Velickovic et al. as PyG's ``GATConv(in_features, head_features, heads)`` computes it (concatenated
+    heads, self-loops being part of the given graph): with ``h = x W`` split into heads,
+
+        e[i, j] = leaky_relu(<h[i], att_dst> + <h[j], att_src>)       for each edge j -> i, per head
+        alpha[i, :] = softmax of e[i, :] over node i's incoming edges
+        out[i] = sum over those edges of alpha[i, j] * h[j]   (+ bias)
+
+    With torchops these are three ops on the CSR structure (sddmm "add", csr_softmax, spmm_reduce): edges x heads
+    scores, never edges x features. ``use_torchops=False`` is the same math in plain PyTorch, gathering a row
+    per edge and scattering it back, as PyG does.
+    """
+
+    def __init__(self, in_features: int, heads: int, head_features: int, use_torchops: bool,
+                 negative_slope: float = 0.2) -> None:
+        super().__init__()
+        self.heads, self.head_features, self.negative_slope = heads, head_features, negative_slope
+        self.lin = nn.Linear(in_features, heads * head_features, bias=False)
+        self.att_src = nn.Parameter(torch.randn(heads, head_features) / head_features**0.5)
+        self.att_dst = nn.Parameter(torch.randn(heads, head_features) / head_features**0.5)
+        self.bias = nn.Parameter(torch.zeros(heads * head_features))
+        self.use_torchops = use_torchops
+
+    def forward(self, crow: Tensor, col: Tensor, x: Tensor) -> Tensor:
+        n = x.size(0)
+        h = self.lin(x).view(n, self.heads, self.head_features)
+        score_src, score_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)  # (n, heads)
+        if self.use_torchops:
+            e = F.leaky_relu(torchops.sddmm(crow, col, score_dst, score_src, "add"), self.negative_slope)
+            out = torchops.spmm_reduce(crow, col, torchops.csr_softmax(crow, e), h)
+        else:
+            target = torch.repeat_interleave(torch.arange(n, device=x.device), crow.diff())
+            e = F.leaky_relu(score_dst[target] + score_src[col], self.negative_slope)  # (edges, heads)
+            top = torch.zeros_like(score_dst).scatter_reduce(0, target[:, None].expand_as(e), e, "amax",
+                                                             include_self=False)
+            w = torch.exp(e - top[target])
+            alpha = w / torch.zeros_like(score_dst).index_add(0, target, w)[target]
+            out = torch.zeros_like(h).index_add(0, target, alpha[..., None] * h[col])
+        return out.reshape(n, -1) + self.bias
+
+
+class GAT(nn.Module):
+    """Two GAT layers: ``heads`` heads of ``hidden`` features, ELU, then one head giving the classes."""
+
+    def __init__(self, features: int, hidden: int, heads: int, classes: int, use_torchops: bool) -> None:
+        super().__init__()
+        self.layer1 = GATLayer(features, heads, hidden, use_torchops)
+        self.layer2 = GATLayer(heads * hidden, 1, classes, use_torchops)
+
+    def forward(self, crow: Tensor, col: Tensor, x: Tensor) -> Tensor:
+        return self.layer2(crow, col, F.elu(self.layer1(crow, col, x)))
 
 
 def random_graph(nodes: int, edges: int, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
@@ -180,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     ok &= compare(f"GCN: A relu(A X W1) W2, {nodes} nodes, {col.numel()} nonzeros, {features} features",
                   lambda use: GCN(features, 32, classes, use), ((crow, col, values, x), labels), args.steps,
                   F.cross_entropy, 0.5, device)  # full-batch training on one graph
+
+    ok &= compare(f"GAT: two graph-attention layers (4 heads x 16, then 1 head), {nodes} nodes, {col.numel()} edges",
+                  lambda use: GAT(features, 16, 4, classes, use), ((crow, col, x), labels), args.steps,
+                  F.cross_entropy, 0.05, device)
 
     print("\nall agree" if ok else "\nFAILED: see above")
     return 0 if ok else 1

@@ -23,14 +23,18 @@ redistributes the inputs that don't match it):
   ``grad_bias`` come out ``Partial(sum)`` when the rows are sharded (each rank sums over its own rows),
   ``Replicate`` when nothing is. The backward ops are linear in the incoming gradients, so ``Partial``
   gradients pass through them.
-- ``csr_spmm`` and ``_csr_spmm_with_transpose``: the sparse operands (index tensors, values) are
-  ``Replicate``: ``dense`` ``Replicate`` -> ``Replicate``, ``dense`` ``Shard(1)`` (column-sharded) ->
-  ``Shard(1)``; ``Partial`` values or dense -> ``Partial``. ``_csr_sddmm`` (the gradient of values):
-  ``Shard(1)`` grad_out and dense -> ``Partial``. ``_csr_transpose``: ``Replicate`` only. A *row-sharded*
-  sparse matrix (each rank holding the CSR arrays of its own block of rows) is not a DTensor placement of
-  the index tensors (each block's row offsets restart at 0 and its nonzeros are not an even split of the
-  global ones): :func:`shard_csr_rows` builds such blocks and :func:`row_sharded_spmm` multiplies one by a
-  DTensor, returning a ``Shard(0)`` DTensor.
+- The sparse ops (``csr_spmm``, ``spmm_reduce``, ``_csr_spmm_with_transpose``, ``_spmm_reduce_forward``,
+  ``sddmm``, ``csr_softmax``): the structure (index tensors) is ``Replicate``. The products: ``dense``
+  ``Replicate`` -> ``Replicate``; ``dense`` sharded on its last dimension (features, every reduce being per
+  column) -> the result likewise; a 3-D dense sharded on its heads (dim 1), ``(nnz, H)`` values alike ->
+  heads-sharded; for sum and mean (linear), ``Partial`` values or dense -> ``Partial``. ``sddmm``: heads
+  ``Shard(1)`` -> ``Shard(1)``; "dot" with both operands sharded on the summed last dimension -> ``Partial``;
+  ``Partial`` operands where the op is linear in them. ``csr_softmax`` (and its backward): heads ``Shard(1)``
+  -> ``Shard(1)``. ``_csr_transpose`` and the max/min backward (``_spmm_reduce_backward``): ``Replicate``
+  only. A *row-sharded* sparse matrix (each rank holding the CSR arrays of its own block of rows) is not a
+  DTensor placement of the index tensors (each block's row offsets restart at 0 and its nonzeros are not an
+  even split of the global ones): :func:`shard_csr_rows` builds such blocks and :func:`row_sharded_spmm`
+  multiplies one by a DTensor, returning a ``Shard(0)`` DTensor.
 """
 
 from __future__ import annotations
@@ -231,42 +235,80 @@ def _norm_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
 # CSR: the sparse operands are replicated; dense may be column-sharded.
 
 
-def _csr_spmm(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
-    sparse_structure = ("crow_indices", "col_indices", "t_crow_indices", "t_col_indices", "t_perm")
+_CSR_STRUCTURE = ("crow_indices", "col_indices", "t_crow_indices", "t_col_indices", "t_perm")
+
+
+def _spmm_reduce(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """csr_spmm, spmm_reduce, _csr_spmm_with_transpose and _spmm_reduce_forward (its outputs, out and arg,
+    placed alike): the structure replicated; dense replicated, sharded on its last dimension (every reduce
+    works column by column) or on its heads (dim 1 of a 3-D dense, with (nnz, H) values sharded alike); sum and
+    mean are linear in values and in dense, so Partial passes through either."""
+    n_out = len(op._schema.returns)
 
     def rule(*a: Any, **k: Any) -> list[Strategy]:
         args = _Args(op, a, k)
-        names = _tensors(args)
-        structure = {n: Replicate() for n in names if n in sparse_structure}
+        structure = {n: Replicate() for n in _tensors(args) if n in _CSR_STRUCTURE}
+        has_values = args.is_tensor("values")
+        head_values = has_values and args.ndim("values") == 2
+        last = args.ndim("dense") - 1
 
         def with_(values: Placement, dense: Placement) -> PlacementList:
-            return args.placements({**structure, "values": values, "dense": dense})
+            return args.placements({**structure, "dense": dense, **({"values": values} if has_values else {})})
 
-        return [
-            ([Replicate()], with_(Replicate(), Replicate())),
-            ([Shard(1)], with_(Replicate(), Shard(1))),
-            ([Partial()], with_(Partial(), Replicate())),
-            ([Partial()], with_(Replicate(), Partial())),
-        ]
+        rules = [([Replicate()] * n_out, with_(Replicate(), Replicate())),
+                 ([Shard(last)] * n_out, with_(Replicate(), Shard(last)))]
+        if last == 2:
+            rules.append(([Shard(1)] * n_out, with_(Shard(1) if head_values else Replicate(), Shard(1))))
+        if n_out == 1 and args.values.get("reduce", "sum") in ("sum", "mean"):
+            if has_values:
+                rules.append(([Partial()], with_(Partial(), Replicate())))
+            rules.append(([Partial()], with_(Replicate(), Partial())))
+        return rules
 
     return rule
 
 
-def _csr_sddmm(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
-    # out[p] = grad_out[row(p)] . dense[col(p)]: a dot product over dense's columns.
+def _sddmm(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """One value per nonzero from a's and b's rows: heads Shard(1) -> Shard(1); "dot" sums over the last
+    dimension, so operands sharded there give Partial sums; Partial operands where the op is linear in them
+    ("dot" and "mul" in each, "add" in both together)."""
+
     def rule(*a: Any, **k: Any) -> list[Strategy]:
         args = _Args(op, a, k)
+        kind, ndim = args["op"], args.ndim("a")
         idx = {"crow_indices": Replicate(), "col_indices": Replicate()}
 
-        def with_(g: Placement, d: Placement) -> PlacementList:
-            return args.placements({**idx, "grad_out": g, "dense": d})
+        def with_(pa: Placement, pb: Placement) -> PlacementList:
+            return args.placements({**idx, "a": pa, "b": pb})
 
-        return [
-            ([Replicate()], with_(Replicate(), Replicate())),
-            ([Partial()], with_(Shard(1), Shard(1))),
-            ([Partial()], with_(Partial(), Replicate())),
-            ([Partial()], with_(Replicate(), Partial())),
-        ]
+        rules = [([Replicate()], with_(Replicate(), Replicate()))]
+        if ndim == (3 if kind == "dot" else 2):
+            rules.append(([Shard(1)], with_(Shard(1), Shard(1))))
+        if kind == "dot":
+            rules.append(([Partial()], with_(Shard(ndim - 1), Shard(ndim - 1))))
+        if kind == "add":
+            rules.append(([Partial()], with_(Partial(), Partial())))
+        else:
+            rules += [([Partial()], with_(Partial(), Replicate())), ([Partial()], with_(Replicate(), Partial()))]
+        return rules
+
+    return rule
+
+
+def _csr_softmax(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """csr_softmax and its backward: each head is its own softmax, so (nnz, H) tensors may be Shard(1)."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        per_nonzero = [n for n in _tensors(args) if n != "crow_indices"]
+
+        def with_(p: Placement) -> PlacementList:
+            return args.placements({"crow_indices": Replicate(), **{n: p for n in per_nonzero}})
+
+        rules = [([Replicate()], with_(Replicate()))]
+        if args.ndim("values") == 2:
+            rules.append(([Shard(1)], with_(Shard(1))))
+        return rules
 
     return rule
 
@@ -293,10 +335,15 @@ _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]
     "layer_norm": lambda op: _norm_forward(op, ("row",)),
     "_layer_norm_forward": lambda op: _norm_forward(op, ("row", "stat", "stat")),
     "_layer_norm_backward": _norm_backward,
-    "csr_spmm": _csr_spmm,
-    "_csr_spmm_with_transpose": _csr_spmm,
-    "_csr_sddmm": _csr_sddmm,
+    "csr_spmm": _spmm_reduce,
+    "spmm_reduce": _spmm_reduce,
+    "_csr_spmm_with_transpose": _spmm_reduce,
+    "_spmm_reduce_forward": _spmm_reduce,
+    "_spmm_reduce_backward": _replicate_only,
+    "sddmm": _sddmm,
     "_csr_transpose": _replicate_only,
+    "csr_softmax": _csr_softmax,
+    "_csr_softmax_backward": _csr_softmax,
 }
 
 

@@ -53,7 +53,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torchops._meta_kernels._checks import INT_DTYPES, message
 from torchops._polyfills import scripted_as, traced_as
 
-__all__ = ["add_rms_norm", "csr_spmm", "gelu_and_mul", "layer_norm", "rms_norm", "spmm", "swiglu", "vector_add"]
+__all__ = ["add_rms_norm", "csr_softmax", "csr_spmm", "gelu_and_mul", "layer_norm", "rms_norm", "sddmm", "spmm",
+           "spmm_reduce", "swiglu", "vector_add"]
 
 
 def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
@@ -72,6 +73,9 @@ _layer_norm, _layer_norm_c = _entries(torch.ops.myns.layer_norm.default)
 _csr_spmm, _csr_spmm_c = _entries(torch.ops.myns.csr_spmm.default)
 _csr_spmm_with_transpose, _csr_spmm_with_transpose_c = _entries(torch.ops.myns._csr_spmm_with_transpose.default)
 _csr_transpose = torch.ops.myns._csr_transpose.default
+_spmm_reduce, _spmm_reduce_c = _entries(torch.ops.myns.spmm_reduce.default)
+_sddmm, _sddmm_c = _entries(torch.ops.myns.sddmm.default)
+_csr_softmax, _csr_softmax_c = _entries(torch.ops.myns.csr_softmax.default)
 
 
 def _reject_none(overload: torch._ops.OpOverload, args: tuple[Any, ...]) -> None:
@@ -325,23 +329,22 @@ def _layer_norm_traced(input: Tensor, weight: Tensor | None = None, bias: Tensor
     return _layer_norm(input, weight, bias, eps)
 
 
-def _check_csr_invariants(crow: Tensor, col: Tensor, values: Tensor, dense: Tensor) -> None:
-    """The CPU kernels' structure checks, on any device (reads the indices: synchronises with the GPU).
+def _check_csr_invariants(op: str, crow: Tensor, col: Tensor | None, nnz: int, of: str, K: int | None) -> None:
+    """The CPU kernels' structure checks, on any device (reads the indices: synchronises with the GPU), raising
+    ``myns::<op>: ...``: crow_indices[0] = 0, non-decreasing, crow_indices[-1] = nnz (the length of `of`), and,
+    given col, 0 <= col < K.
 
-    Arguments whose metadata is wrong (not 1-D, not integers, a dense that is not 2-D, ...) are left to the
-    op, which names them. Meta and fake tensors (torch.compile, torch.export, FakeTensorMode) have no data
-    to read: they are not checked.
+    The caller passes only arguments whose metadata the check can read; anything else is left to the op, which
+    names it. Meta and fake tensors (torch.compile, torch.export, FakeTensorMode) have no data to read: they
+    are not checked.
     """
-    _reject_none(_csr_spmm, (crow, col, values, dense))
-    if (crow.dim() != 1 or col.dim() != 1 or crow.numel() < 1 or crow.dtype not in INT_DTYPES
-            or dense.dim() != 2):
+    tensors = (crow,) if col is None else (crow, col)
+    if any(t.is_meta for t in tensors) or torch._guards.detect_fake_mode(tensors) is not None:
         return
-    if crow.is_meta or col.is_meta or torch._guards.detect_fake_mode((crow, col)) is not None:
-        return
-    nnz, M, K = col.numel(), crow.numel() - 1, dense.size(0)
+    M = crow.numel() - 1
 
     def fail(key: str, **fields: Any) -> None:
-        raise RuntimeError(message("csr_spmm", key, **fields))
+        raise RuntimeError(message(op, key, **fields))
 
     if (first := int(crow[0])) != 0:
         fail("crow_first", got=first)
@@ -351,12 +354,25 @@ def _check_csr_invariants(crow: Tensor, col: Tensor, values: Tensor, dense: Tens
             i = int(down[0, 0])
             fail("crow_decreasing", i=i, a=int(crow[i]), j=i + 1, b=int(crow[i + 1]))
     if (last := int(crow[-1])) != nnz:
-        fail("crow_last", nnz=nnz, got=last)
-    if nnz:
+        fail("crow_last", nnz=nnz, of=of, got=last)
+    if col is not None and col.numel():
         bad = torch.nonzero((col < 0) | (col >= K))
         if bad.numel():
             p = int(bad[0, 0])
             fail("col_out_of_range", K=K, p=p, got=int(col[p]))
+
+
+def _indices_readable(crow: Tensor, col: Tensor | None = None) -> bool:
+    """Index tensors whose metadata the structure check can read (else the op reports what is wrong)."""
+    ok = crow.dim() == 1 and crow.numel() >= 1 and crow.dtype in INT_DTYPES
+    return ok and (col is None or (col.dim() == 1 and col.dtype == crow.dtype))
+
+
+def _check_spmm_invariants(op: str, overload: torch._ops.OpOverload, crow: Tensor, col: Tensor, values: Any,
+                           dense: Tensor, dense_dims: tuple[int, ...]) -> None:
+    _reject_none(overload, (crow, col, values, dense))
+    if _indices_readable(crow, col) and dense.dim() in dense_dims:
+        _check_csr_invariants(op, crow, col, col.numel(), "col_indices", dense.size(0))
 
 
 @scripted_as(_csr_spmm)
@@ -385,10 +401,11 @@ def csr_spmm(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: T
 
     Differentiable in ``values`` (``grad_out[i] . dense[j]`` per nonzero) and ``dense`` (``A^T @ grad_out``,
     through a stable transpose: deterministic), twice over. Works under ``torch.compile``,
-    ``torch.export``, TorchScript (without ``check_invariants``) and AOTInductor.
+    ``torch.export``, TorchScript (without ``check_invariants``) and AOTInductor. :func:`spmm_reduce` is the
+    same product with other reductions and attention heads.
     """
     if check_invariants:
-        _check_csr_invariants(crow_indices, col_indices, values, dense)
+        _check_spmm_invariants("csr_spmm", _csr_spmm, crow_indices, col_indices, values, dense, (2,))
     try:
         return _csr_spmm_c(crow_indices, col_indices, values, dense)
     except RuntimeError:
@@ -399,8 +416,140 @@ def csr_spmm(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: T
 def _csr_spmm_traced(crow_indices: Tensor, col_indices: Tensor, values: Tensor, dense: Tensor, *,
                      check_invariants: bool = False) -> Tensor:
     if check_invariants:
-        _check_csr_invariants(crow_indices, col_indices, values, dense)
+        _check_spmm_invariants("csr_spmm", _csr_spmm, crow_indices, col_indices, values, dense, (2,))
     return _csr_spmm(crow_indices, col_indices, values, dense)
+
+
+@scripted_as(_spmm_reduce)
+def spmm_reduce(crow_indices: Tensor, col_indices: Tensor, values: Tensor | None, dense: Tensor,
+                reduce: str = "sum", *, check_invariants: bool = False) -> Tensor:
+    """Row ``i`` of the result reduces ``values[p] * dense[col_indices[p]]`` over row i's nonzeros ``p`` of the
+    M x K CSR matrix ``A = (crow_indices, col_indices, values)``: message passing over a graph's edges.
+
+    Args:
+        crow_indices, col_indices: the structure, as for :func:`csr_spmm` (int32 or int64; any column order
+            within a row; duplicates are separate nonzeros).
+        values: None (every value is 1), ``(nnz,)`` (one weight per nonzero, for every head) or ``(nnz, H)``
+            (one weight per head; dense must then be ``(K, H, D)``); float16, bfloat16, float32 or float64,
+            dense's dtype.
+        dense: ``(K, D)`` or ``(K, H, D)`` (attention heads); read in place when its last dimension is
+            contiguous.
+        reduce: ``"sum"``, ``"mean"`` (sum divided by the row's number of nonzeros), ``"max"`` or ``"min"``
+            (per output element). An empty row gives 0 for every reduce.
+        check_invariants: validate the structure first, as for :func:`csr_spmm`.
+
+    Returns:
+        A new contiguous ``(M, D)`` or ``(M, H, D)`` tensor of dense's dtype (f32 math for 16-bit, f64 for
+        f64). Forward equals ``torch.sparse.mm(A, dense, reduce)`` (whose "amax"/"amin" are "max"/"min")
+        where torch has it.
+
+    Differentiable in ``values`` and ``dense`` (backward and forward mode). max and min send each output
+    element's gradient to one nonzero: the first of its row (lowest position in ``col_indices``) whose product
+    is the largest (smallest), a NaN product counting as larger (smaller) than any number, so the choice is
+    deterministic (``torch.scatter_reduce`` instead splits it evenly between ties). Sum and mean are
+    differentiable twice. No ``nnz x D`` tensor is ever made, forward or backward. Works under
+    ``torch.compile`` (dynamic node and edge counts), ``torch.export``, TorchScript (without
+    ``check_invariants``) and AOTInductor.
+    """
+    if check_invariants:
+        _check_spmm_invariants("spmm_reduce", _spmm_reduce, crow_indices, col_indices, values, dense, (2, 3))
+    try:
+        return _spmm_reduce_c(crow_indices, col_indices, values, dense, reduce)
+    except RuntimeError:
+        return _failed(_spmm_reduce_c, _spmm_reduce, crow_indices, col_indices, values, dense, reduce)
+
+
+@traced_as(spmm_reduce)
+def _spmm_reduce_traced(crow_indices: Tensor, col_indices: Tensor, values: Tensor | None, dense: Tensor,
+                        reduce: str = "sum", *, check_invariants: bool = False) -> Tensor:
+    if check_invariants:
+        _check_spmm_invariants("spmm_reduce", _spmm_reduce, crow_indices, col_indices, values, dense, (2, 3))
+    return _spmm_reduce(crow_indices, col_indices, values, dense, reduce)
+
+
+def _check_sddmm_invariants(crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> None:
+    _reject_none(_sddmm, (crow, col, a, b))
+    if _indices_readable(crow, col) and b.dim() >= 1:
+        _check_csr_invariants("sddmm", crow, col, col.numel(), "col_indices", b.size(0))
+
+
+@scripted_as(_sddmm)
+def sddmm(crow_indices: Tensor, col_indices: Tensor, a: Tensor, b: Tensor, op: str = "dot", *,
+          check_invariants: bool = False) -> Tensor:
+    """One value per nonzero ``p = (i, j)`` of the M x K CSR structure ``(crow_indices, col_indices)``, from row
+    ``i`` of ``a`` and row ``j`` of ``b`` (sampled dense-dense products: attention scores on a graph's edges).
+
+    Args:
+        crow_indices, col_indices: the structure, as for :func:`csr_spmm`.
+        a, b: of one float dtype and device. ``op="dot"``: ``a`` ``(M, D)`` and ``b`` ``(K, D)``, or
+            ``(M, H, D)`` and ``(K, H, D)``; the result is ``sum_d a[i, ..., d] * b[j, ..., d]``. ``op="add"`` /
+            ``"mul"``: ``a`` ``(M,)`` and ``b`` ``(K,)``, or ``(M, H)`` and ``(K, H)``; the result is ``a[i] + b[j]``
+            / ``a[i] * b[j]``.
+        op: ``"dot"``, ``"add"`` or ``"mul"``.
+        check_invariants: validate the structure first, as for :func:`csr_spmm`.
+
+    Returns:
+        A new contiguous ``(nnz,)`` or ``(nnz, H)`` tensor of a's dtype (f32 math for 16-bit).
+
+    Differentiable in ``a`` and ``b`` (deterministic; backward and forward mode; twice for every op). Works
+    under ``torch.compile``, ``torch.export``, TorchScript (without ``check_invariants``) and AOTInductor.
+    """
+    if check_invariants:
+        _check_sddmm_invariants(crow_indices, col_indices, a, b)
+    try:
+        return _sddmm_c(crow_indices, col_indices, a, b, op)
+    except RuntimeError:
+        return _failed(_sddmm_c, _sddmm, crow_indices, col_indices, a, b, op)
+
+
+@traced_as(sddmm)
+def _sddmm_traced(crow_indices: Tensor, col_indices: Tensor, a: Tensor, b: Tensor, op: str = "dot", *,
+                  check_invariants: bool = False) -> Tensor:
+    if check_invariants:
+        _check_sddmm_invariants(crow_indices, col_indices, a, b)
+    return _sddmm(crow_indices, col_indices, a, b, op)
+
+
+def _check_softmax_invariants(crow: Tensor, values: Tensor) -> None:
+    _reject_none(_csr_softmax, (crow, values))
+    if _indices_readable(crow) and values.dim() >= 1:
+        _check_csr_invariants("csr_softmax", crow, None, values.size(0), "values", None)
+
+
+@scripted_as(_csr_softmax)
+def csr_softmax(crow_indices: Tensor, values: Tensor, *, check_invariants: bool = False) -> Tensor:
+    """Softmax over each row's nonzeros: ``out[p] = exp(values[p]) / sum(exp(values[q]) for q in row(p))``, per
+    head (attention weights over each node's incoming edges).
+
+    Args:
+        crow_indices: 1-D, M + 1 row offsets (int32 or int64); the rows' nonzeros are values' entries
+            ``crow_indices[i]:crow_indices[i + 1]``.
+        values: ``(nnz,)`` or ``(nnz, H)``, float16, bfloat16, float32 or float64.
+        check_invariants: validate the row offsets first (crow_indices[0] = 0, non-decreasing,
+            crow_indices[-1] = nnz), as for :func:`csr_spmm`.
+
+    Returns:
+        A new contiguous tensor of values' shape and dtype. Computed in f32 (f64 for f64), shifted by the row's
+        maximum, so it never overflows; an empty row has nothing to normalise; a row holding a NaN is NaN, as
+        in ``torch.softmax``. Under autocast it runs in float32, like ``torch.softmax``.
+
+    Differentiable in ``values`` (backward, with the softmax recomputed rather than saved, and forward mode).
+    Works under ``torch.compile``, ``torch.export``, TorchScript (without ``check_invariants``) and
+    AOTInductor.
+    """
+    if check_invariants:
+        _check_softmax_invariants(crow_indices, values)
+    try:
+        return _csr_softmax_c(crow_indices, values)
+    except RuntimeError:
+        return _failed(_csr_softmax_c, _csr_softmax, crow_indices, values)
+
+
+@traced_as(csr_softmax)
+def _csr_softmax_traced(crow_indices: Tensor, values: Tensor, *, check_invariants: bool = False) -> Tensor:
+    if check_invariants:
+        _check_softmax_invariants(crow_indices, values)
+    return _csr_softmax(crow_indices, values)
 
 
 class _Structure:
@@ -462,12 +611,19 @@ def _check_spmm_args(A: Tensor, dense: Tensor) -> None:
             raise TypeError(f"torchops.spmm: {name} must be a Tensor, got None")
     if A.layout != torch.sparse_csr or A.dim() != 2:
         raise RuntimeError(f"torchops.spmm: A must be a 2-D sparse CSR tensor, got layout {A.layout} with {A.dim()} dims")
-    if dense.dim() == 2 and A.size(1) != dense.size(0):
+    if dense.dim() in (2, 3) and A.size(1) != dense.size(0):
         raise RuntimeError(f"torchops.spmm: A is {A.size(0)} x {A.size(1)} but dense has {dense.size(0)} rows")
 
 
-def spmm(A: Tensor, dense: Tensor) -> Tensor:
-    """``A @ dense`` for a 2-D ``torch.sparse_csr_tensor`` ``A`` (M x K) and a K x N ``dense``; see :func:`csr_spmm`.
+def _is_plain_product(dense: Tensor, reduce: str) -> bool:
+    """Whether spmm is csr_spmm (a sum with a 2-D dense), else spmm_reduce."""
+    return reduce == "sum" and dense.dim() == 2
+
+
+def spmm(A: Tensor, dense: Tensor, reduce: str = "sum") -> Tensor:
+    """``A @ dense`` (or another reduction) for a 2-D ``torch.sparse_csr_tensor`` ``A`` (M x K) and a
+    ``(K, D)`` or ``(K, H, D)`` ``dense``; see :func:`csr_spmm` and :func:`spmm_reduce` (``reduce`` "sum", "mean",
+    "max" or "min"; A's values are the weights, shared by every head).
 
     Gradients flow to ``dense`` and to ``A`` (through ``A.values()``; ``A.grad`` is then a sparse CSR
     tensor with A's structure). When a gradient is recorded, the op runs on a private copy of A's indices,
@@ -477,26 +633,30 @@ def spmm(A: Tensor, dense: Tensor) -> Tensor:
     needs a gradient, the transposed structure (a stable sort of the nonzeros by column) is computed once
     per copy: a GNN layer that multiplies by the same adjacency every step pays for it once, and each
     backward is one SDDMM plus one SpMM. ``torch.compile`` does not take sparse tensors: it breaks the
-    graph at ``A`` and this function runs eagerly there; in compiled code, call :func:`csr_spmm` with A's
-    index tensors. TorchScript compiles it as :func:`csr_spmm` on A's parts. Traced and scripted code never
-    caches.
+    graph at ``A`` and this function runs eagerly there; in compiled code, call :func:`csr_spmm` or
+    :func:`spmm_reduce` with A's index tensors. TorchScript compiles it as those ops on A's parts. Traced and
+    scripted code never caches.
     """
     if torch.jit.is_scripting():  # TorchScript compiles this branch alone
-        return torch.ops.myns.csr_spmm(A.crow_indices(), A.col_indices(), A.values(), dense)
+        if reduce == "sum" and dense.dim() == 2:
+            return torch.ops.myns.csr_spmm(A.crow_indices(), A.col_indices(), A.values(), dense)
+        return torch.ops.myns.spmm_reduce(A.crow_indices(), A.col_indices(), A.values(), dense, reduce)
     else:
-        return _spmm_eager(A, dense)
+        return _spmm_eager(A, dense, reduce)
 
 
-def _spmm_eager(A: Tensor, dense: Tensor) -> Tensor:
+def _spmm_eager(A: Tensor, dense: Tensor, reduce: str) -> Tensor:
     _check_spmm_args(A, dense)
     crow, col, values = _csr_parts(A)
-    entry, overload, args = _csr_spmm_c, _csr_spmm, (crow, col, values, dense)
+    plain = _is_plain_product(dense, reduce)
+    entry, overload = (_csr_spmm_c, _csr_spmm) if plain else (_spmm_reduce_c, _spmm_reduce)
+    args: tuple[Any, ...] = (crow, col, values, dense) + (() if plain else (reduce,))
     if torch.is_grad_enabled() and (dense.requires_grad or values.requires_grad):
         structure = _cached_structure(A, crow, col)
-        args = (structure.crow, structure.col, values, dense)
+        args = (structure.crow, structure.col) + args[2:]
         if dense.requires_grad:
             entry, overload = _csr_spmm_with_transpose_c, _csr_spmm_with_transpose
-            args += structure.transpose()
+            args = (structure.crow, structure.col, values, dense, *structure.transpose(), reduce)
     try:
         return entry(*args)
     except RuntimeError:
@@ -504,6 +664,8 @@ def _spmm_eager(A: Tensor, dense: Tensor) -> Tensor:
 
 
 @traced_as(spmm)
-def _spmm_traced(A: Tensor, dense: Tensor) -> Tensor:
+def _spmm_traced(A: Tensor, dense: Tensor, reduce: str = "sum") -> Tensor:
     _check_spmm_args(A, dense)
-    return _csr_spmm(A.crow_indices(), A.col_indices(), A.values(), dense)
+    if _is_plain_product(dense, reduce):
+        return _csr_spmm(A.crow_indices(), A.col_indices(), A.values(), dense)
+    return _spmm_reduce(A.crow_indices(), A.col_indices(), A.values(), dense, reduce)

@@ -1,148 +1,255 @@
-// Autograd for csr_spmm (out = A @ dense, A = (crow_indices, col_indices, values)) and its helpers.
+// Autograd for the sparse x dense products: csr_spmm, spmm_reduce, _csr_spmm_with_transpose and
+// _spmm_reduce_forward (out = reduce over row i of w(p) * dense[col[p]], A = (crow, col, values)), one node for
+// all of them, and the refusal to differentiate _spmm_reduce_backward.
 //
-//   d values = _csr_sddmm(crow, col, grad_out, dense)          grad_out[i] . dense[j] for each nonzero (i, j)
-//   d dense  = A^T @ grad_out = csr_spmm(t_crow, t_col, values[t_perm], grad_out)
+//   sum / mean   g' = grad_out (mean: divided by each row's length)
+//                d values = sddmm(crow, col, g', dense, "dot")             (summed over heads for 1-D values)
+//                d dense  = A^T @ g' = spmm_reduce(t_crow, t_col, values[t_perm], g', "sum")
+//   max / min    _spmm_reduce_backward through the selected positions (arg, from _spmm_reduce_forward)
 //
-// A^T comes from _csr_transpose (a stable sort: deterministic, so the dense gradient is bit-identical from
-// run to run, deterministic mode or not), computed in backward and only when dense needs a gradient.
-// _csr_spmm_with_transpose takes it precomputed instead (torchops.spmm caches it per sparse tensor). The
-// backward formulas call the myns ops through the dispatcher, so they are differentiable again (double
-// backward) and visible to torch.compile. _csr_sddmm is differentiable the same way; _csr_transpose
-// returns index tensors only. The index tensors never get gradients.
-// Forward mode (torch.func.jvp, forward_ad): csr_spmm is bilinear in (values, dense), so its tangent is
-// csr_spmm(crow, col, d values, dense) + csr_spmm(crow, col, values, d dense); _csr_sddmm likewise in
-// (grad_out, dense).
+// A^T comes from _csr_transpose (a stable sort: deterministic, so the dense gradient is bit-identical from run
+// to run), computed in backward and only when dense needs a gradient; _csr_spmm_with_transpose takes it
+// precomputed instead (torchops.spmm caches it per sparse tensor). The sum / mean formulas call myns ops through
+// the dispatcher, so they are differentiable again (double backward) and visible to torch.compile. The index
+// tensors never get gradients.
+// Forward mode (torch.func.jvp, forward_ad): sum and mean are bilinear in (values, dense), so the tangent is
+// op(d values, dense) + op(values, d dense); max and min are that at the selected positions (ATen gathers).
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/gather.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "../core/autograd_node.h"
 #include "../core/autograd_utils.h"
+#include "../csr/csr.h"
+#include "../csr/csr_autograd.h"
 
 namespace torchops {
 namespace {
 
-using Transpose = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using TensorRef = const at::Tensor&;
-// (crow_indices, col_indices, x, y) -> out: csr_spmm (x = values) and _csr_sddmm (x = grad_out).
-using CsrBilinearSig = at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef);
+using namespace csr_autograd;
 
 const auto& csr_spmm_op() {
-  static const auto op = find_op<CsrBilinearSig>("myns::csr_spmm");
+  static const auto op = find_op<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef)>("myns::csr_spmm");
   return op;
 }
 
-const auto& csr_spmm_with_transpose_op() {
+const auto& with_transpose_op() {
   static const auto op =
-      find_op<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef)>(
+      find_op<at::Tensor(TensorRef, TensorRef, OptRef, TensorRef, TensorRef, TensorRef, TensorRef, c10::string_view)>(
           "myns::_csr_spmm_with_transpose");
   return op;
 }
 
-const auto& csr_sddmm_op() {
-  static const auto op = find_op<CsrBilinearSig>("myns::_csr_sddmm");
+const auto& spmm_reduce_forward_op() {
+  static const auto op = find_op<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, OptRef, TensorRef,
+                                                                    c10::string_view)>("myns::_spmm_reduce_forward");
   return op;
 }
 
-const auto& csr_transpose_op() {
-  static const auto op = find_op<Transpose(TensorRef, TensorRef, c10::SymInt)>("myns::_csr_transpose");
+const auto& spmm_reduce_backward_op() {
+  static const auto op =
+      find_op<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, TensorRef, OptRef, TensorRef, TensorRef, OptRef,
+                                                 OptRef, OptRef, bool, bool)>("myns::_spmm_reduce_backward");
   return op;
 }
 
-// A^T @ g for A = (crow, col, values) with K columns, through the transpose (computed when not given).
-at::Tensor transposed_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
-                           const at::Tensor& g, const c10::SymInt& K, at::Tensor t_crow, at::Tensor t_col,
-                           at::Tensor t_perm) {
-  if (!t_crow.defined()) std::tie(t_crow, t_col, t_perm) = csr_transpose_op().call(crow, col, K);
-  return csr_spmm_op().call(t_crow, t_col, values.index_select(0, t_perm), g);
+const char* reduce_name(Reduce r) {
+  switch (r) {
+    case Reduce::kSum:
+      return "sum";
+    case Reduce::kMean:
+      return "mean";
+    case Reduce::kMax:
+      return "max";
+    case Reduce::kMin:
+      return "min";
+  }
+  return "sum";
 }
 
-// Saved: crow, col, values, dense, t_crow, t_col, t_perm (undefined for plain csr_spmm). Edges: values, dense.
-variable_list csr_spmm_backward_formula(const BackwardContext& ctx, const variable_list& saved,
-                                        const variable_list& grads) {
-  const at::Tensor &crow = saved[0], &col = saved[1], &values = saved[2], &dense = saved[3];
+// grad_out divided by each row's length (at least 1), in grad_out's dtype (the division in f32 at least).
+at::Tensor per_row_mean(const at::Tensor& crow, const at::Tensor& g) {
+  const int64_t M = crow.size(0) - 1;
+  at::Tensor lengths = (crow.slice(0, 1) - crow.slice(0, 0, M)).clamp_min(1);
+  std::vector<int64_t> shape(g.dim(), 1);
+  shape[0] = M;
+  const auto wide = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return (g.to(wide) / lengths.to(wide).view(shape)).to(g.scalar_type());
+}
+
+// Saved: crow, col, values, dense, arg, t_crow, t_col, t_perm (values, arg and the transpose may be undefined).
+// attrs: the reduce. Edges: values, dense.
+variable_list spmm_backward_formula(const BackwardContext& ctx, const variable_list& saved, const variable_list& grads) {
+  const at::Tensor &crow = saved[0], &col = saved[1], &values = saved[2], &dense = saved[3], &arg = saved[4];
+  const auto reduce = static_cast<Reduce>(ctx.attrs[0].toInt());
   const at::Tensor& g = grads[0];
   at::Tensor grad_values, grad_dense;
-  if (g.defined() && ctx.needs_input_grad(0)) grad_values = csr_sddmm_op().call(crow, col, g, dense);
-  if (g.defined() && ctx.needs_input_grad(1)) {
-    grad_dense = transposed_spmm(crow, col, values, g, dense.sym_size(0), saved[4], saved[5], saved[6]);
+  if (!g.defined()) return {grad_values, grad_dense};
+  const bool values_grad = values.defined() && ctx.needs_input_grad(0), dense_grad = ctx.needs_input_grad(1);
+  if (selects(reduce)) {
+    std::tie(grad_values, grad_dense) = spmm_reduce_backward_op().call(
+        g, crow, col, optional(values), dense, arg, optional(saved[5]), optional(saved[6]), optional(saved[7]),
+        values_grad, dense_grad);
+    return {values_grad ? grad_values : at::Tensor(), dense_grad ? grad_dense : at::Tensor()};
   }
+  const at::Tensor scaled = reduce == Reduce::kMean ? per_row_mean(crow, g) : g;
+  if (values_grad) {
+    grad_values = sddmm_op().call(crow, col, scaled, dense, "dot");
+    if (values.dim() == 1 && grad_values.dim() == 2) grad_values = grad_values.sum(-1);  // one value for every head
+  }
+  if (dense_grad) grad_dense = transposed_sum(crow, col, values, scaled, dense.sym_size(0), saved[5], saved[6], saved[7]);
   return {grad_values, grad_dense};
 }
 
-// out[p] = grad_out[row(p)] . dense[col(p)]:  d grad_out = S @ dense,  d dense = S^T @ grad_out,
-// with S = (crow, col, g) the sparse matrix of the incoming gradient.
-// Saved: crow, col, grad_out, dense. Edges: grad_out, dense.
-variable_list csr_sddmm_backward_formula(const BackwardContext& ctx, const variable_list& saved,
-                                         const variable_list& grads) {
-  const at::Tensor &crow = saved[0], &col = saved[1], &a = saved[2], &b = saved[3];
-  const at::Tensor& g = grads[0];
-  at::Tensor grad_a, grad_b;
-  if (g.defined() && ctx.needs_input_grad(0)) grad_a = csr_spmm_op().call(crow, col, g, b);
-  if (g.defined() && ctx.needs_input_grad(1)) {
-    grad_b = transposed_spmm(crow, col, g, a, b.sym_size(0), at::Tensor(), at::Tensor(), at::Tensor());
+// The forward's result at the selected positions, for tangents tv (of values) and td (of dense), either
+// undefined: w(p, h) * dense[col[p], h, d] with p = arg[i, h, d], 0 where a row is empty.
+at::Tensor selected_tangent(const at::Tensor& col, const at::Tensor& values, const at::Tensor& dense,
+                            const at::Tensor& arg, const at::Tensor& tv, const at::Tensor& td) {
+  const int64_t M = arg.size(0), columns = M > 0 ? arg.numel() / M : 0;
+  const at::Tensor zeros = at::zeros(arg.sizes(), dense.options());
+  if (arg.numel() == 0 || col.numel() == 0) return zeros;
+  const at::Tensor pos = arg.clamp_min(0).to(at::kLong);
+  const at::Tensor rows = col.to(at::kLong).index_select(0, pos.reshape({-1})).view({M, columns});
+  const auto at_rows = [&](const at::Tensor& x) {  // x[rows[i, c], c]
+    return x.reshape({x.size(0), columns}).gather(0, rows).view(arg.sizes());
+  };
+  const auto at_positions = [&](const at::Tensor& v) {  // v[pos, h] (every head alike for 1-D values)
+    if (v.dim() == 1) return v.index_select(0, pos.reshape({-1})).view(arg.sizes());
+    const int64_t H = v.size(1);
+    const at::Tensor head = at::arange(H, pos.options()).view({1, H, 1});
+    return v.reshape({-1}).index_select(0, (pos * H + head).reshape({-1})).view(arg.sizes());
+  };
+  at::Tensor t;
+  if (tv.defined()) t = at_positions(tv) * at_rows(forward_primal(dense));
+  if (td.defined()) {
+    at::Tensor term = at_rows(td);
+    if (values.defined()) term = at_positions(forward_primal(values)) * term;
+    t = t.defined() ? t + term : term;
   }
-  return {grad_a, grad_b};
+  return at::where(arg.ge(0), t, zeros);
 }
 
-// Runs `op` below autograd on (values, dense) and records what autograd needs. Both ops are bilinear in
-// (x, y) = (values, dense) resp. (grad_out, dense), so the tangent is op(dx, y) + op(x, dy), each term
-// through the dispatcher (differentiable again) and skipped where a tangent is missing.
+// Runs the product below autograd on (values, dense) and records what autograd needs. `op(values, dense)`
+// calls the op being differentiated (null for _spmm_reduce_forward itself); max and min run
+// _spmm_reduce_forward instead when they need the selected positions (for backward or forward mode). Returns
+// (out, arg) (arg undefined for sum and mean).
 template <class Op>
-at::Tensor record_bilinear(const char* node_name, BackwardFormula formula, const at::Tensor& x, const at::Tensor& y,
-                           std::initializer_list<at::Tensor> saved, const Op& op) {
+std::tuple<at::Tensor, at::Tensor> record_spmm(Reduce reduce, const at::Tensor& crow, const at::Tensor& col,
+                                               const at::Tensor& values, const at::Tensor& dense, const at::Tensor& t_crow,
+                                               const at::Tensor& t_col, const at::Tensor& t_perm, const Op* op) {
   OpNodePtr node;
-  if (needs_grad(x, y)) {
-    node = make_op_node(node_name, formula, {x, y});
-    node->save(saved);
-  }
-  at::Tensor out;
+  if (needs_grad(values, dense)) node = make_op_node("SpmmReduceBackward", &spmm_backward_formula, {values, dense});
+  at::Tensor out, arg;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    out = op(x, y);
+    if (selects(reduce) && (op == nullptr || node || has_forward_grad(values, dense))) {
+      std::tie(out, arg) = spmm_reduce_forward_op().call(crow, col, optional(values), dense, reduce_name(reduce));
+    } else {
+      out = (*op)(values, dense);
+    }
   }
-  if (node) record_outputs(node, {out});
-  if (has_forward_grad(x, y)) {
-    const at::Tensor tx = x._fw_grad(kForwardGradLevel), ty = y._fw_grad(kForwardGradLevel);
+  if (node) {
+    node->save({crow, col, values, dense, arg, t_crow, t_col, t_perm});
+    node->attrs = {c10::IValue(static_cast<int64_t>(reduce))};
+    record_outputs(node, {out});
+  }
+  if (has_forward_grad(values, dense)) {
+    const at::Tensor tv = values.defined() ? values._fw_grad(kForwardGradLevel) : at::Tensor();
+    const at::Tensor td = dense._fw_grad(kForwardGradLevel);
     at::Tensor tangent;
-    if (tx.defined()) tangent = op(tx, forward_primal(y));
-    if (ty.defined()) {
-      at::Tensor from_y = op(forward_primal(x), ty);
-      tangent = tangent.defined() ? tangent + from_y : from_y;
+    if (selects(reduce)) {
+      tangent = selected_tangent(col, values, dense, arg, tv, td);
+    } else {
+      if (tv.defined()) tangent = (*op)(tv, forward_primal(dense));
+      if (td.defined()) {
+        at::Tensor from_dense = (*op)(forward_primal(values), td);
+        tangent = tangent.defined() ? tangent + from_dense : from_dense;
+      }
     }
     out._set_fw_grad(tangent, kForwardGradLevel, /*is_inplace_op=*/false);
   }
-  return out;
+  return {out, arg};
 }
+
+at::Tensor defined_or_empty(const OptTensor& t) { return t.has_value() ? *t : at::Tensor(); }
 
 at::Tensor csr_spmm_autograd(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                              const at::Tensor& dense) {
-  return record_bilinear("CsrSpmmBackward", &csr_spmm_backward_formula, values, dense,
-                         {crow, col, values, dense, at::Tensor(), at::Tensor(), at::Tensor()},
-                         [&](const at::Tensor& v, const at::Tensor& d) { return csr_spmm_op().call(crow, col, v, d); });
+  const auto op = [&](const at::Tensor& v, const at::Tensor& d) { return csr_spmm_op().call(crow, col, v, d); };
+  return std::get<0>(record_spmm(Reduce::kSum, crow, col, values, dense, {}, {}, {}, &op));
 }
 
-at::Tensor csr_spmm_with_transpose_autograd(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
-                                            const at::Tensor& dense, const at::Tensor& t_crow,
-                                            const at::Tensor& t_col, const at::Tensor& t_perm) {
-  return record_bilinear("CsrSpmmBackward", &csr_spmm_backward_formula, values, dense,
-                         {crow, col, values, dense, t_crow, t_col, t_perm},
-                         [&](const at::Tensor& v, const at::Tensor& d) {
-                           return csr_spmm_with_transpose_op().call(crow, col, v, d, t_crow, t_col, t_perm);
-                         });
+at::Tensor spmm_reduce_autograd(const at::Tensor& crow, const at::Tensor& col, const OptTensor& values,
+                                const at::Tensor& dense, c10::string_view reduce) {
+  const Reduce r = parse_reduce("spmm_reduce", reduce);
+  // max and min run _spmm_reduce_forward below: checked here first, under this op's name.
+  if (selects(r)) check_spmm_reduce_args("spmm_reduce", crow, col, values, dense);
+  const auto op = [&](const at::Tensor& v, const at::Tensor& d) {
+    return spmm_reduce_op().call(crow, col, optional(v), d, reduce);
+  };
+  return std::get<0>(record_spmm(r, crow, col, defined_or_empty(values), dense, {}, {}, {}, &op));
 }
 
-at::Tensor csr_sddmm_autograd(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& grad_out,
-                              const at::Tensor& dense) {
-  return record_bilinear("CsrSddmmBackward", &csr_sddmm_backward_formula, grad_out, dense,
-                         {crow, col, grad_out, dense},
-                         [&](const at::Tensor& g, const at::Tensor& d) {
-                           return csr_sddmm_op().call(crow, col, g, d);
-                         });
+std::tuple<at::Tensor, at::Tensor> spmm_reduce_forward_autograd(const at::Tensor& crow, const at::Tensor& col,
+                                                                const OptTensor& values, const at::Tensor& dense,
+                                                                c10::string_view reduce) {
+  const Reduce r = parse_selecting_reduce("_spmm_reduce_forward", reduce);
+  using Unused = at::Tensor (*)(const at::Tensor&, const at::Tensor&);
+  return record_spmm<Unused>(r, crow, col, defined_or_empty(values), dense, {}, {}, {}, nullptr);
+}
+
+at::Tensor with_transpose_autograd(const at::Tensor& crow, const at::Tensor& col, const OptTensor& values,
+                                   const at::Tensor& dense, const at::Tensor& t_crow, const at::Tensor& t_col,
+                                   const at::Tensor& t_perm, c10::string_view reduce) {
+  const char* name = "_csr_spmm_with_transpose";
+  const Reduce r = parse_reduce(name, reduce);
+  if (selects(r)) {  // as in spmm_reduce_autograd
+    check_spmm_reduce_args(name, crow, col, values, dense);
+    check_csr_transpose_args(name, crow, col, dense, t_crow, t_col, t_perm);
+  }
+  const auto op = [&](const at::Tensor& v, const at::Tensor& d) {
+    return with_transpose_op().call(crow, col, optional(v), d, t_crow, t_col, t_perm, reduce);
+  };
+  return std::get<0>(record_spmm(r, crow, col, defined_or_empty(values), dense, t_crow, t_col, t_perm, &op));
+}
+
+// _spmm_reduce_backward as a graph node whose own backward refuses: create_graph=True still works,
+// differentiating through it raises by name.
+variable_list refuse_select_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
+                                            const variable_list& /*grads*/) {
+  TORCHOPS_CHECK(false, "_spmm_reduce_backward",
+                 "double backward (differentiating the backward of spmm_reduce's max or min) is not supported");
+  return {};
+}
+
+std::tuple<at::Tensor, at::Tensor> spmm_reduce_backward_autograd(
+    const at::Tensor& grad_out, const at::Tensor& crow, const at::Tensor& col, const OptTensor& values,
+    const at::Tensor& dense, const at::Tensor& arg, const OptTensor& t_crow, const OptTensor& t_col,
+    const OptTensor& t_perm, bool values_grad, bool dense_grad) {
+  const at::Tensor v = defined_or_empty(values);
+  TORCHOPS_CHECK(!has_forward_grad(grad_out, v, dense), "_spmm_reduce_backward", "forward-mode AD is not supported");
+  OpNodePtr node;
+  if (needs_grad(grad_out, v, dense)) {
+    node = make_op_node("SpmmReduceBackwardBackward", &refuse_select_double_backward, {grad_out, v, dense});
+  }
+  at::Tensor grad_values, grad_dense;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    std::tie(grad_values, grad_dense) = spmm_reduce_backward_op().call(grad_out, crow, col, values, dense, arg, t_crow,
+                                                                       t_col, t_perm, values_grad, dense_grad);
+  }
+  if (node) record_outputs(node, {grad_values, grad_dense});
+  return {grad_values, grad_dense};
 }
 
 // Integer outputs only: nothing to differentiate.
@@ -155,8 +262,10 @@ Transpose csr_transpose_autograd(const at::Tensor& crow, const at::Tensor& col, 
 
 TORCH_LIBRARY_IMPL(myns, Autograd, m) {
   m.impl("csr_spmm", &csr_spmm_autograd);
-  m.impl("_csr_spmm_with_transpose", &csr_spmm_with_transpose_autograd);
-  m.impl("_csr_sddmm", &csr_sddmm_autograd);
+  m.impl("spmm_reduce", &spmm_reduce_autograd);
+  m.impl("_spmm_reduce_forward", &spmm_reduce_forward_autograd);
+  m.impl("_spmm_reduce_backward", &spmm_reduce_backward_autograd);
+  m.impl("_csr_spmm_with_transpose", &with_transpose_autograd);
   m.impl("_csr_transpose", &csr_transpose_autograd);
 }
 

@@ -1,5 +1,6 @@
-// CUDA pieces shared by the sparse kernels: the merge-path partition of a CSR matrix into equal-sized units
-// of work, and the per-lane column layout.
+// CUDA pieces shared by the sparse kernels: the backend's declaration (csr.h's CsrKernels on CUDA), the
+// merge-path partition of a CSR matrix into equal-sized units of work, the kernel that completes the rows
+// several units share (merge_carry_kernel), and the per-lane column layout.
 //
 // Merge path (Merrill & Garland, "Merge-based parallel sparse matrix-vector multiplication", SC'16): the
 // M row ends and the nnz nonzeros form M + nnz "items"; unit u takes items [u D, (u + 1) D). A binary
@@ -16,12 +17,37 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <tuple>
 
 #include <c10/cuda/CUDAException.h>
 
 #include "../core/cuda_utils.cuh"
+#include "csr.h"
 
 namespace torchops {
+
+// The CUDA backend of the sparse ops: spmm and its max/min backward in cuda/csr_spmm.cu, sddmm and the
+// transpose in cuda/csr_spmm_backward.cu, softmax in cuda/csr_softmax.cu (registered in csr_spmm.cu). No
+// engine reads the indices on the host (no synchronisation); each stays in bounds on malformed ones.
+struct CudaCsrBackend {
+  static at::Tensor spmm(const char* op, const SpmmOperands& s, Reduce reduce, at::Tensor* arg);
+  static std::tuple<at::Tensor, at::Tensor> select_backward(const char* op, const at::Tensor& grad_out,
+                                                            const SpmmOperands& s, const at::Tensor& arg,
+                                                            const OptTensor& t_crow, const OptTensor& t_col,
+                                                            const OptTensor& t_perm, bool values_grad,
+                                                            bool dense_grad);
+  static at::Tensor sddmm(const char* op, const SddmmOperands& s, SddmmOp kind);
+  // grad_values[p, h] = sum over d of g[i, h, d] * b[col[p], h, d] where sel[i, h, d] == p: the values
+  // gradient of a max / min (sel its arg), (nnz, H).
+  static at::Tensor masked_sddmm(const SddmmOperands& s, const at::Tensor& sel);
+  static at::Tensor softmax(const char* op, const at::Tensor& crow, const at::Tensor& values);
+  static at::Tensor softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,
+                                     const at::Tensor& values);
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> transpose(const char* op, const at::Tensor& crow,
+                                                                   const at::Tensor& col, int64_t K);
+  static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& device_of);
+};
+
 namespace cuda {
 
 // What every merge-path kernel reads of its CSR matrix and partition; a kernel's arguments derive from it.
@@ -151,6 +177,72 @@ inline int64_t resident_warps(int device) {
   const int blocks =
       cached_per_device(blocks_cache, device, 0, [] { return resident_blocks_per_sm(kKernel, kThreads); });
   return int64_t{blocks} * (kThreads / kWarpSize) * device_attribute(cudaDevAttrMultiProcessorCount, device);
+}
+
+// Completes the rows that several units share. Unit u carries row r (carry_row[u] = r) when r continues past
+// u's last item: the first unit of each run of units carrying r combines the run's partials (Policy::carry, in
+// unit order) with the part of the unit that ends the row (the next one), and stores the row
+// (Policy::finish). A run can be hundreds of units long (a row of 10^4 nonzeros in units of ~200 items), so
+// a block of kCarryThreads takes it: kCarryGroups groups of kCarryWidth columns each combine every
+// kCarryGroups-th partial, then one group combines the groups' results in group order (a fixed order:
+// deterministic). blockIdx.y steps over chunks of kCarryWidth of the Policy::columns columns.
+//
+// A Policy holds the buffers and provides
+//   using Acc;                        a partial (plain data)
+//   static Acc identity(), combine(Acc earlier, Acc later);
+//   Acc carry_of(int64_t unit, int64_t column);   the unit's partial
+//   void finish(int64_t row, int64_t ending_unit, int64_t column, Acc run)   ending_unit may be `units` when
+//                                     malformed indices leave no unit ending the row;
+//   int64_t columns.
+constexpr int kCarryThreads = 256;
+constexpr int kCarryWidth = 64;
+constexpr int kCarryGroups = kCarryThreads / kCarryWidth;
+
+template <typename Index, typename Policy>
+__global__ void __launch_bounds__(kCarryThreads) merge_carry_kernel(const Index* crow, int64_t M, int64_t nnz,
+                                                                    int64_t per_unit, int64_t units,
+                                                                    const int64_t* carry_row, Policy policy) {
+  using Acc = typename Policy::Acc;
+  __shared__ Acc partial[kCarryThreads];
+  const int g = threadIdx.x / kCarryWidth;
+  const int t = threadIdx.x % kCarryWidth;
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int64_t r = carry_row[u];
+    if (r < 0 || r >= M || (u > 0 && carry_row[u - 1] == r)) continue;  // the same for the whole block
+    // Unit v carries row r while the row's end item (diagonal crow[r + 1] + r) lies beyond v's last item,
+    // so the run ends at the unit before the one holding that item. (Clamped: with malformed indices the
+    // result is unspecified, but every access stays in bounds.)
+    const int64_t end_item = clamped_offset(crow, r + 1, nnz) + r;
+    const int64_t last = ::min(::max(end_item / per_unit - 1, u), units - 1);
+    for (int64_t col0 = int64_t{blockIdx.y} * kCarryWidth; col0 < policy.columns;
+         col0 += int64_t{gridDim.y} * kCarryWidth) {
+      const int64_t col = col0 + t;
+      Acc s = Policy::identity();
+      if (col < policy.columns) {
+        for (int64_t v = u + g; v <= last; v += kCarryGroups) s = Policy::combine(s, policy.carry_of(v, col));
+      }
+      partial[threadIdx.x] = s;
+      __syncthreads();
+      if (g == 0 && col < policy.columns) {
+        Acc total = Policy::identity();
+#pragma unroll
+        for (int h = 0; h < kCarryGroups; ++h) total = Policy::combine(total, partial[h * kCarryWidth + t]);
+        policy.finish(r, last + 1, col, total);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Launches merge_carry_kernel over a partition's units.
+template <typename Index, typename Policy>
+void launch_merge_carry(const MergePathArgs<Index>& a, const int64_t* carry_row, const Policy& policy,
+                        cudaStream_t stream) {
+  if (policy.columns <= 0) return;
+  const dim3 grid(blocks_to_cover(a.units, 1), std::min(blocks_to_cover(policy.columns, kCarryWidth), kMaxGridYZ));
+  merge_carry_kernel<Index, Policy><<<grid, kCarryThreads, 0, stream>>>(a.crow, a.M, a.nnz, a.per_unit, a.units,
+                                                                          carry_row, policy);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
 // The widest vector (elements, up to 16 bytes) that every row of a matrix with N columns, row stride ld and

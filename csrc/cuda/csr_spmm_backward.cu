@@ -1,15 +1,17 @@
-// The CUDA kernels behind csr_spmm's backward: _csr_sddmm (gradient of values) and _csr_transpose (the
-// structure of A^T, through which the gradient of dense is another csr_spmm). A separate translation unit
-// from the forward so the two compile in parallel.
+// sddmm and the transpose on CUDA: the kernels behind csr_spmm's / spmm_reduce's backward (the gradient of
+// values is an SDDMM; that of dense a product over the transpose) and sddmm itself. A separate translation
+// unit from the forward so the two compile in parallel.
 //
-// _csr_sddmm: out[p] = dot(grad_out[row(p)], dense[col(p)]). Same merge-path units and (col) window as the
-//   forward; each lane holds V columns of grad_out's row (re-read only when N > 32 V), kBatch nonzeros'
-//   partial dots are reduced across the warp together, and lane k keeps the result of window slot k so the
-//   stores are coalesced.
+// sddmm "dot": out[p, h] = dot(a[row(p), h], b[col(p), h]). Same merge-path units and (col) window as the
+//   forward; each head is its own walk (grid.y); each lane holds V columns of a's row (re-read only when
+//   D > 32 V), kBatch nonzeros' partial dots are reduced across the warp together, and lane k keeps the result
+//   of window slot k so the stores are coalesced. Masked (the values gradient of a max / min): a column counts
+//   only where sel[row(p), h, d] == p.
+// sddmm "add" / "mul": one lane per nonzero of the window, every head of it.
 // _csr_transpose: keys = col (columns outside [0, K) become K, sorted last and left out of the offsets),
 //   a stable radix sort of the keys (at::sort(stable=true): deterministic), t_crow_indices by a lower-bound
 //   search per column, and each sorted entry's row by a binary search on crow_indices. Stable order = rows
-//   ascending within a column, so csr_spmm over the transpose sums in a fixed order: the dense gradient is
+//   ascending within a column, so a product over the transpose sums in a fixed order: the dense gradient is
 //   deterministic (bit-identical run to run).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/sort.h>
@@ -20,11 +22,11 @@
 #include <limits>
 #include <tuple>
 
-#include "../csr/csr.h"
-#include "../csr/csr_cuda.cuh"
 #include "../core/cuda_utils.cuh"
 #include "../core/dispatch.h"
 #include "../core/empty.h"
+#include "../csr/csr.h"
+#include "../csr/csr_cuda.cuh"
 
 namespace torchops {
 namespace {
@@ -34,18 +36,21 @@ using namespace torchops::cuda;
 // ------------------------------------------------------------------------------------------------- sddmm
 
 template <typename T, typename Index>
-struct SddmmArgs : MergePathArgs<Index> {
-  const T* a;  // grad_out: M rows of N, row stride lda
-  int64_t lda;
-  const T* b;  // dense: K rows of N, row stride ldb
-  int64_t ldb;
-  T* out;  // nnz
+struct SddmmArgs : MergePathArgs<Index> {  // N: D
+  const T* a;  // M rows (row stride lda); head h at a + h * ahs; unit column stride
+  int64_t lda, ahs;
+  const T* b;  // K rows, likewise
+  int64_t ldb, bhs;
+  const Index* sel;  // masked: M rows of H * D selections, or null
+  int64_t H;
+  T* out;  // nnz x H
 };
 
-template <typename T, typename Index, int V>
+template <typename T, typename Index, int V, bool kMasked>
 __global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_kernel(const SddmmArgs<T, Index> s) {
   using acc_t = opmath_t<T>;
   using Vec = AlignedVector<T, V>;
+  using Sel = AlignedVector<Index, V>;
   constexpr int kBatch = 4;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
@@ -58,78 +63,146 @@ __global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_kernel(const Sddm
 
   const int64_t j0 = int64_t{lane} * V;  // this lane's first column; then every 32 V columns
   const bool first_ok = j0 < s.N;
-  int64_t j = start.nz;
-  int64_t wbase = j - kWarpSize;
-  int64_t wcol = -1;
-  acc_t mine = acc_t(0);  // result of window slot `lane`
-  for (int64_t r = start.row; r <= end.row && r < s.M; ++r) {
-    const int64_t re = unit_row_end(s.crow, r, j, end, s.nnz);
-    if (j >= re) continue;
-    const T* arow = s.a + r * s.lda;
-    acc_t a0[V];  // grad_out[r, j0 : j0 + V], kept for the row
-    {
-      Vec x;
-      if (first_ok) {
-        x = load_vector<T, V>(arow + j0, 0);
-      } else {
-        x = zero_vector<T, V>();
-      }
+  for (int64_t h = blockIdx.y; h < s.H; h += gridDim.y) {
+    int64_t j = start.nz;
+    int64_t wbase = j - kWarpSize;
+    int64_t wcol = -1;
+    acc_t mine = acc_t(0);  // result of window slot `lane`
+    for (int64_t r = start.row; r <= end.row && r < s.M; ++r) {
+      const int64_t re = unit_row_end(s.crow, r, j, end, s.nnz);
+      if (j >= re) continue;
+      const T* arow = s.a + r * s.lda + h * s.ahs;
+      const Index* srow = kMasked ? s.sel + (r * s.H + h) * s.N : nullptr;
+      acc_t a0[V];  // a[r, h, j0 : j0 + V], kept for the row
+      Sel sel0;     // masked: sel[r, h, j0 : j0 + V]
+      {
+        const Vec x = first_ok ? load_vector<T, V>(arow + j0, 0) : zero_vector<T, V>();
 #pragma unroll
-      for (int e = 0; e < V; ++e) a0[e] = static_cast<acc_t>(x.val[e]);
-    }
-    while (j < re) {
-      if (j >= wbase + kWarpSize) {
-        wbase = j;
-        const int64_t p = j + lane;
-        wcol = p < end.nz ? static_cast<int64_t>(s.col[p]) : -1;
-      }
-      const int kb = static_cast<int>(j - wbase);
-      const int ke = static_cast<int>(::min(re - wbase, int64_t{kWarpSize}));
-      for (int k = kb; k < ke; k += kBatch) {
-        acc_t dot[kBatch];
-        Vec x[kBatch];
-        bool ok[kBatch];
-        const T* brow[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int kk = k + u;
-          const int64_t c = __shfl_sync(kFullWarpMask, wcol, kk & (kWarpSize - 1));
-          ok[u] = kk < ke && c >= 0 && c < s.K;  // the same on every lane
-          brow[u] = s.b + (ok[u] ? c : 0) * s.ldb;
-          if (ok[u] && first_ok) {
-            x[u] = load_vector<T, V>(brow[u] + j0, 0);
+        for (int e = 0; e < V; ++e) a0[e] = static_cast<acc_t>(x.val[e]);
+        if constexpr (kMasked) {
+          if (first_ok) {
+            sel0 = load_vector<Index, V>(srow + j0, 0);
           } else {
-            x[u] = zero_vector<T, V>();
+#pragma unroll
+            for (int e = 0; e < V; ++e) sel0.val[e] = Index(-1);
           }
         }
+      }
+      while (j < re) {
+        if (j >= wbase + kWarpSize) {
+          wbase = j;
+          const int64_t p = j + lane;
+          wcol = p < end.nz ? static_cast<int64_t>(s.col[p]) : -1;
+        }
+        const int kb = static_cast<int>(j - wbase);
+        const int ke = static_cast<int>(::min(re - wbase, int64_t{kWarpSize}));
+        for (int k = kb; k < ke; k += kBatch) {
+          acc_t dot[kBatch];
+          Vec x[kBatch];
+          bool ok[kBatch];
+          const T* brow[kBatch];
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          dot[u] = acc_t(0);
-#pragma unroll
-          for (int e = 0; e < V; ++e) dot[u] += a0[e] * static_cast<acc_t>(x[u].val[e]);
-          if (ok[u]) {  // columns past the first 32 V (wide N): straight from memory
-            for (int64_t jj = j0 + kWarpSize * V; jj < s.N; jj += kWarpSize * V) {
-              const Vec xa = load_vector<T, V>(arow + jj, 0), xb = load_vector<T, V>(brow[u] + jj, 0);
-#pragma unroll
-              for (int e = 0; e < V; ++e) dot[u] += static_cast<acc_t>(xa.val[e]) * static_cast<acc_t>(xb.val[e]);
+          for (int u = 0; u < kBatch; ++u) {
+            const int kk = k + u;
+            const int64_t c = __shfl_sync(kFullWarpMask, wcol, kk & (kWarpSize - 1));
+            ok[u] = kk < ke && c >= 0 && c < s.K;  // the same on every lane
+            brow[u] = s.b + (ok[u] ? c : 0) * s.ldb + h * s.bhs;
+            if (ok[u] && first_ok) {
+              x[u] = load_vector<T, V>(brow[u] + j0, 0);
+            } else {
+              x[u] = zero_vector<T, V>();
             }
           }
-        }
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          dot[u] = warp_sum(dot[u]);
-          if (k + u < ke && lane == k + u) mine = dot[u];
+          for (int u = 0; u < kBatch; ++u) {
+            const int64_t pos = wbase + k + u;
+            dot[u] = acc_t(0);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+              const acc_t term = a0[e] * static_cast<acc_t>(x[u].val[e]);
+              if constexpr (kMasked) {
+                dot[u] += static_cast<int64_t>(sel0.val[e]) == pos ? term : acc_t(0);
+              } else {
+                dot[u] += term;
+              }
+            }
+            if (ok[u]) {  // columns past the first 32 V (wide D): straight from memory
+              for (int64_t jj = j0 + kWarpSize * V; jj < s.N; jj += kWarpSize * V) {
+                const Vec xa = load_vector<T, V>(arow + jj, 0), xb = load_vector<T, V>(brow[u] + jj, 0);
+                Sel xs;
+                if constexpr (kMasked) xs = load_vector<Index, V>(srow + jj, 0);
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                  const acc_t term = static_cast<acc_t>(xa.val[e]) * static_cast<acc_t>(xb.val[e]);
+                  if constexpr (kMasked) {
+                    dot[u] += static_cast<int64_t>(xs.val[e]) == pos ? term : acc_t(0);
+                  } else {
+                    dot[u] += term;
+                  }
+                }
+              }
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            dot[u] = warp_sum(dot[u]);
+            if (k + u < ke && lane == k + u) mine = dot[u];
+          }
         }
+        if (lane >= kb && lane < ke) s.out[(wbase + lane) * s.H + h] = static_cast<T>(mine);
+        j = wbase + ke;
       }
-      if (lane >= kb && lane < ke) s.out[wbase + lane] = static_cast<T>(mine);
-      j = wbase + ke;
     }
   }
 }
 
-template <typename T, typename Index, int V>
+// "add" / "mul": lane l of the warp takes nonzero j + l of the row, and every head of it.
+template <typename T, typename Index, bool kAdd>
+__global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_pointwise_kernel(const SddmmArgs<T, Index> s) {
+  using acc_t = opmath_t<T>;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (unit >= s.units) return;  // whole warps only (the search is the warp's)
+
+  const int64_t d0 = unit * s.per_unit;
+  const int64_t d1 = ::min(d0 + s.per_unit, s.M + s.nnz);
+  MergeCoord start, end;
+  merge_path_search(s.crow, s.M, s.nnz, d0, d1, start, end);
+  int64_t j = start.nz;
+  for (int64_t r = start.row; r <= end.row && r < s.M; ++r) {
+    const int64_t re = unit_row_end(s.crow, r, j, end, s.nnz);
+    const T* arow = s.a + r * s.lda;
+    for (int64_t p = j + lane; p < re; p += kWarpSize) {
+      const int64_t c = s.col[p];
+      const bool ok = c >= 0 && c < s.K;
+      const T* brow = s.b + (ok ? c : 0) * s.ldb;
+      for (int64_t h = 0; h < s.H; ++h) {
+        acc_t v = acc_t(0);  // (a column outside [0, K): malformed, b is not read)
+        if (ok) {
+          const acc_t x = static_cast<acc_t>(arow[h * s.ahs]), y = static_cast<acc_t>(brow[h * s.bhs]);
+          v = kAdd ? x + y : x * y;
+        }
+        s.out[p * s.H + h] = static_cast<T>(v);
+      }
+    }
+    j = re;
+  }
+}
+
+template <typename T, typename Index, int V, bool kMasked>
 void launch_sddmm_config(SddmmArgs<T, Index> s, int device, cudaStream_t stream) {
-  constexpr auto kKernel = csr_sddmm_kernel<T, Index, V>;
+  constexpr auto kKernel = csr_sddmm_kernel<T, Index, V, kMasked>;
+  const auto part = merge_partition(s.M, s.nnz, s.H, resident_warps<kKernel, kWarpBlockThreads>(device));
+  s.per_unit = part.per_unit;
+  s.units = part.units;
+  const dim3 grid(blocks_to_cover(s.units, kWarpsPerBlock), static_cast<unsigned int>(std::min<int64_t>(s.H, kMaxGridYZ)));
+  kKernel<<<grid, kWarpBlockThreads, 0, stream>>>(s);
+  TORCHOPS_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T, typename Index, bool kAdd>
+void launch_sddmm_pointwise(SddmmArgs<T, Index> s, int device, cudaStream_t stream) {
+  constexpr auto kKernel = csr_sddmm_pointwise_kernel<T, Index, kAdd>;
   const auto part = merge_partition(s.M, s.nnz, 1, resident_warps<kKernel, kWarpBlockThreads>(device));
   s.per_unit = part.per_unit;
   s.units = part.units;
@@ -137,35 +210,55 @@ void launch_sddmm_config(SddmmArgs<T, Index> s, int device, cudaStream_t stream)
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
-at::Tensor csr_sddmm_cuda(const at::Tensor& crow_in, const at::Tensor& col_in, const at::Tensor& grad_out,
-                          const at::Tensor& dense) {
-  check_csr_sddmm_args("_csr_sddmm", crow_in, col_in, grad_out, dense);
-  const c10::cuda::CUDAGuard device_guard(grad_out.device());
-  const int64_t nnz = col_in.numel();
-  at::Tensor out = empty_dense_cuda({nnz}, grad_out.scalar_type(), grad_out.device());
-  if (nnz == 0) return out;
-  const int64_t M = crow_in.numel() - 1, K = dense.size(0), N = dense.size(1);
-  if (N == 0 || M == 0) return out.zero_();  // empty dot products (M = 0 with nnz > 0 is malformed)
-  const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();
-  const at::Tensor a = with_unit_column_stride(grad_out), b = with_unit_column_stride(dense);
+// out (nnz x H) of the operands: "dot" (sel null: plain; else masked), "add" or "mul".
+at::Tensor sddmm_into(const SddmmOperands& o, SddmmOp kind, const at::Tensor& sel) {
+  const c10::cuda::CUDAGuard device_guard(o.a.device());
+  at::Tensor out = empty_dense_cuda({o.nnz, o.H}, o.a.scalar_type(), o.a.device());
+  if (out.numel() == 0) return out;
+  if (o.M == 0 || (kind == SddmmOp::kDot && o.D == 0)) return out.zero_();  // empty dot products (M = 0 with nnz > 0 is malformed)
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_sddmm_cuda", [&] {
-    TORCHOPS_DISPATCH_FLOAT_TYPES(out.scalar_type(), "csr_sddmm_cuda", [&] {
+  TORCHOPS_DISPATCH_INDEX_TYPES(o.crow.scalar_type(), "sddmm_cuda", [&] {
+    TORCHOPS_DISPATCH_FLOAT_TYPES(out.scalar_type(), "sddmm_cuda", [&] {
       SddmmArgs<scalar_t, index_t> s{};
-      s.set_matrix(crow, col, K, N);
-      s.a = a.const_data_ptr<scalar_t>();
-      s.lda = row_stride(a);
-      s.b = b.const_data_ptr<scalar_t>();
-      s.ldb = row_stride(b);
+      s.set_matrix(o.crow, o.col, o.K, o.D);
+      s.a = o.a.const_data_ptr<scalar_t>();
+      s.lda = o.a_row_stride;
+      s.ahs = o.a_head_stride;
+      s.b = o.b.const_data_ptr<scalar_t>();
+      s.ldb = o.b_row_stride;
+      s.bhs = o.b_head_stride;
+      s.sel = sel.defined() ? sel.const_data_ptr<index_t>() : nullptr;
+      s.H = o.H;
       s.out = out.mutable_data_ptr<scalar_t>();
-      const int v = std::min(lane_vector_size<scalar_t>(N, s.lda, s.a), lane_vector_size<scalar_t>(N, s.ldb, s.b));
+      const int device = out.get_device();
+      if (kind == SddmmOp::kAdd) return launch_sddmm_pointwise<scalar_t, index_t, true>(s, device, stream);
+      if (kind == SddmmOp::kMul) return launch_sddmm_pointwise<scalar_t, index_t, false>(s, device, stream);
+      int v = std::min(lane_vector_size<scalar_t>(o.D, s.lda, s.a), lane_vector_size<scalar_t>(o.D, s.ldb, s.b));
+      while (v > 1 && (s.ahs % v != 0 || s.bhs % v != 0)) v /= 2;
       with_vector_size<scalar_t>(v, [&](auto vector) {
-        launch_sddmm_config<scalar_t, index_t, decltype(vector)::value>(s, out.get_device(), stream);
+        constexpr int V = decltype(vector)::value;
+        if (s.sel != nullptr) {
+          launch_sddmm_config<scalar_t, index_t, V, true>(s, device, stream);
+        } else {
+          launch_sddmm_config<scalar_t, index_t, V, false>(s, device, stream);
+        }
       });
     });
   });
   return out;
 }
+
+}  // namespace
+
+at::Tensor CudaCsrBackend::sddmm(const char* /*op*/, const SddmmOperands& s, SddmmOp kind) {
+  return sddmm_into(s, kind, at::Tensor()).view(s.out_sizes);
+}
+
+at::Tensor CudaCsrBackend::masked_sddmm(const SddmmOperands& s, const at::Tensor& sel) {
+  return sddmm_into(s, SddmmOp::kDot, sel.contiguous());
+}
+
+namespace {
 
 // --------------------------------------------------------------------------------------------- transpose
 
@@ -228,10 +321,10 @@ void transpose_into(const at::Tensor& crow, const at::Tensor& col, int64_t K, co
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cuda(const at::Tensor& crow_in, const at::Tensor& col_in,
-                                                                  int64_t K) {
-  const char* op = "_csr_transpose";
-  check_csr_transpose_input(op, crow_in, col_in, K);
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> CudaCsrBackend::transpose(const char* /*op*/, const at::Tensor& crow_in,
+                                                                         const at::Tensor& col_in, int64_t K) {
   const c10::cuda::CUDAGuard device_guard(crow_in.device());
   const int64_t nnz = col_in.numel();
   const auto dtype = crow_in.scalar_type();
@@ -249,13 +342,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_transpose_cuda(const at::Tens
     }
   });
   return {t_crow, t_col, t_perm};
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(myns, CUDA, m) {
-  m.impl("_csr_sddmm", &csr_sddmm_cuda);
-  m.impl("_csr_transpose", &csr_transpose_cuda);
 }
 
 }  // namespace torchops

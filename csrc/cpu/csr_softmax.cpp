@@ -1,0 +1,109 @@
+// csr_softmax and its backward on the CPU: for each row and head, over the row's nonzeros,
+//   forward   y = exp(x - max) / sum(exp(x - max))   (f32 math for 16-bit and f32, f64 for f64; a NaN makes
+//             its row NaN, as torch.softmax does);
+//   backward  grad_x = y * (grad_y - sum(grad_y * y)), y recomputed from x.
+// Rows in parallel (csr_cpu.h), each row's heads side by side (a nonzero's H values are adjacent).
+#include <ATen/core/Tensor.h>
+
+#include <cmath>
+#include <vector>
+
+#include "../core/dispatch.h"
+#include "../core/empty.h"
+#include "../csr/csr_cpu.h"
+
+namespace torchops {
+namespace {
+
+// A row's softmax statistics per head: its largest value (NaN if any is) and the sum of exp(x - largest).
+template <typename T, typename Acc>
+void row_stats(const T* x, int64_t begin, int64_t end, int64_t H, std::vector<Acc>& top, std::vector<Acc>& sum) {
+  for (int64_t h = 0; h < H; ++h) top[h] = static_cast<Acc>(x[begin * H + h]);
+  for (int64_t p = begin + 1; p < end; ++p) {
+    for (int64_t h = 0; h < H; ++h) {
+      const Acc v = static_cast<Acc>(x[p * H + h]);
+      if (top[h] == top[h] && (v > top[h] || v != v)) top[h] = v;
+    }
+  }
+  std::fill(sum.begin(), sum.end(), Acc(0));
+  for (int64_t p = begin; p < end; ++p) {
+    for (int64_t h = 0; h < H; ++h) sum[h] += std::exp(static_cast<Acc>(x[p * H + h]) - top[h]);
+  }
+}
+
+// f(index_t, scalar_t) for the crow and values dtypes of a softmax (or its backward).
+template <typename F>
+void dispatch_softmax(const at::Tensor& crow, const at::Tensor& values, F&& f) {
+  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_softmax_cpu", [&] {
+    TORCHOPS_DISPATCH_FLOAT_TYPES(values.scalar_type(), "csr_softmax_cpu", [&] { f(index_t{}, scalar_t{}); });
+  });
+}
+
+}  // namespace
+
+at::Tensor CpuCsrBackend::softmax(const char* op, const at::Tensor& crow_in, const at::Tensor& values_in) {
+  const at::Tensor crow = crow_in.contiguous(), values = values_in.contiguous();
+  const int64_t nnz = values.size(0), M = crow.numel() - 1, H = values.dim() == 2 ? values.size(1) : 1;
+  check_crow_structure_cpu(op, crow, nnz, "values");
+  at::Tensor out = empty_dense_cpu(values.sizes(), values.scalar_type());
+  if (out.numel() == 0) return out;
+  dispatch_softmax(crow, values, [&](auto index, auto scalar) {
+    using index_t = decltype(index);
+    using scalar_t = decltype(scalar);
+    using acc_t = opmath_t<scalar_t>;
+    const index_t* pc = crow.const_data_ptr<index_t>();
+    const scalar_t* x = values.const_data_ptr<scalar_t>();
+    scalar_t* y = out.mutable_data_ptr<scalar_t>();
+    cpu::parallel_over_rows(pc, M, H, [&](int64_t r0, int64_t r1) {
+      std::vector<acc_t> top(H), sum(H);
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t begin = pc[r], end = pc[r + 1];
+        if (begin == end) continue;
+        row_stats(x, begin, end, H, top, sum);
+        for (int64_t p = begin; p < end; ++p) {
+          for (int64_t h = 0; h < H; ++h) {
+            y[p * H + h] = static_cast<scalar_t>(std::exp(static_cast<acc_t>(x[p * H + h]) - top[h]) / sum[h]);
+          }
+        }
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor CpuCsrBackend::softmax_backward(const char* op, const at::Tensor& crow_in, const at::Tensor& grad_in,
+                                           const at::Tensor& values_in) {
+  const at::Tensor crow = crow_in.contiguous(), g = grad_in.contiguous(), values = values_in.contiguous();
+  const int64_t nnz = values.size(0), M = crow.numel() - 1, H = values.dim() == 2 ? values.size(1) : 1;
+  check_crow_structure_cpu(op, crow, nnz, "values");
+  at::Tensor grad = empty_dense_cpu(values.sizes(), values.scalar_type());
+  if (grad.numel() == 0) return grad;
+  dispatch_softmax(crow, values, [&](auto index, auto scalar) {
+    using index_t = decltype(index);
+    using scalar_t = decltype(scalar);
+    using acc_t = opmath_t<scalar_t>;
+    const index_t* pc = crow.const_data_ptr<index_t>();
+    const scalar_t* x = values.const_data_ptr<scalar_t>();
+    const scalar_t* pg = g.const_data_ptr<scalar_t>();
+    scalar_t* px = grad.mutable_data_ptr<scalar_t>();
+    cpu::parallel_over_rows(pc, M, H, [&](int64_t r0, int64_t r1) {
+      std::vector<acc_t> top(H), sum(H), dot(H);
+      const auto y = [&](int64_t p, int64_t h) { return std::exp(static_cast<acc_t>(x[p * H + h]) - top[h]) / sum[h]; };
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t begin = pc[r], end = pc[r + 1];
+        if (begin == end) continue;
+        row_stats(x, begin, end, H, top, sum);
+        std::fill(dot.begin(), dot.end(), acc_t(0));
+        for (int64_t p = begin; p < end; ++p) {
+          for (int64_t h = 0; h < H; ++h) dot[h] += static_cast<acc_t>(pg[p * H + h]) * y(p, h);
+        }
+        for (int64_t p = begin; p < end; ++p) {
+          for (int64_t h = 0; h < H; ++h) px[p * H + h] = static_cast<scalar_t>(y(p, h) * (static_cast<acc_t>(pg[p * H + h]) - dot[h]));
+        }
+      }
+    });
+  });
+  return grad;
+}
+
+}  // namespace torchops
