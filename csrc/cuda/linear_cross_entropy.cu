@@ -36,7 +36,8 @@ using cuda::vector_size;
 using cuda::VectorWidths;
 using cuda::with_vector_size;
 
-constexpr int kMaxThreads = 512;
+constexpr int kMaxThreads = 256;
+constexpr int kMinBlocks = 2;  // resident blocks an SM must hold: one streams while another reduces
 constexpr int kMaxWarps = kMaxThreads / kWarpSize;
 constexpr int kBatch = 4;  // vectors a thread loads before using them: memory accesses in flight
 
@@ -99,6 +100,29 @@ __device__ __forceinline__ void combine(Running<opmath_t<T>>& r, opmath_t<T> oth
   r.sum += other_sum;
 }
 
+// Adds capped logits to a thread's running statistics: exps relative to its running max, rescaled only when the
+// max grows (rarely, after the first vectors), so about one exp per logit. NaN logits never become the max, and
+// their exp makes the sum NaN.
+template <typename T, int kN>
+__device__ __forceinline__ void accumulate(Running<opmath_t<T>>& r, const opmath_t<T> (&c)[kN]) {
+  using A = opmath_t<T>;
+  A vmax = -INFINITY, vsum = A(0);
+#pragma unroll
+  for (int e = 0; e < kN; ++e) {
+    vmax = c[e] > vmax ? c[e] : vmax;
+    vsum += c[e];
+  }
+  if (vmax > r.max) {
+    r.sum_exp *= exp_of<T>(r.max - vmax);  // exp(-inf) = 0 while nothing was seen
+    r.max = vmax;
+  }
+  if (r.max != -INFINITY) {
+#pragma unroll
+    for (int e = 0; e < kN; ++e) r.sum_exp += exp_of<T>(c[e] - r.max);
+  }
+  r.sum += vsum;
+}
+
 // The block's combined statistics, in every thread.
 template <typename T>
 __device__ Running<opmath_t<T>> block_reduce(Running<opmath_t<T>> r) {
@@ -124,7 +148,7 @@ __device__ Running<opmath_t<T>> block_reduce(Running<opmath_t<T>> r) {
 }
 
 template <typename T, typename Index, int kVec>
-__global__ void __launch_bounds__(kMaxThreads) cross_entropy_rows_kernel(RowsArgs<T, Index> a) {
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks) cross_entropy_rows_kernel(RowsArgs<T, Index> a) {
   using A = opmath_t<T>;
   using Vec = AlignedVector<T, kVec>;
   const int64_t vectors = a.classes / kVec, vector_end = vectors * kVec;
@@ -152,24 +176,14 @@ __global__ void __launch_bounds__(kMaxThreads) cross_entropy_rows_kernel(RowsArg
           const int64_t i = base + static_cast<int64_t>(u) * blockDim.x;
           if (i >= vectors) break;
           A c[kVec];
-          A vmax = -INFINITY, vsum = A(0);
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) {
-            c[e] = capped<T>(static_cast<A>(v[u].val[e]), a.math);
-            vmax = c[e] > vmax ? c[e] : vmax;
-            vsum += c[e];
-          }
-          A vexp = A(0);
-          if (vmax != -INFINITY) {
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) vexp += exp_of<T>(c[e] - vmax);
-          }
-          combine<T>(r, vmax, vexp, vsum);
+          for (int e = 0; e < kVec; ++e) c[e] = capped<T>(static_cast<A>(v[u].val[e]), a.math);
+          accumulate<T>(r, c);
         }
       }
       for (int64_t j = vector_end + threadIdx.x; j < a.classes; j += blockDim.x) {
-        const A c = capped<T>(static_cast<A>(z[j]), a.math);
-        combine<T>(r, c, c == -INFINITY ? A(0) : A(1), c);
+        const A c[1] = {capped<T>(static_cast<A>(z[j]), a.math)};
+        accumulate<T>(r, c);
       }
       const Running<A> total = block_reduce<T>(r);
       lse = total.max + ::log(total.sum_exp);

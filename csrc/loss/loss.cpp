@@ -148,10 +148,11 @@ struct LinearChunks {
   }
 };
 
-// input as N x H rows and target as N dense values.
-void set_problem(LinearChunks& p, const at::Tensor& input, const at::Tensor& linear_weight, const at::Tensor& target,
-                 const std::optional<at::Tensor>& linear_bias, const CrossEntropyOptions& options,
-                 int64_t chunk_size) {
+// The problem of a call: input as N x H rows, target as N dense values, the outputs asked for.
+LinearChunks problem(const at::Tensor& input, const at::Tensor& linear_weight, const at::Tensor& target,
+                     const std::optional<at::Tensor>& linear_bias, const CrossEntropyOptions& options,
+                     int64_t chunk_size, bool want_loss, bool input_grad, bool weight_grad, bool bias_grad) {
+  LinearChunks p;
   // The token count from the leading dimensions: reshape's -1 cannot infer it when H is 0.
   p.x = input.reshape({c10::multiply_integers(input.sizes().slice(0, input.dim() - 1)), input.size(-1)});
   p.weight = linear_weight;
@@ -159,6 +160,25 @@ void set_problem(LinearChunks& p, const at::Tensor& input, const at::Tensor& lin
   p.target = target.reshape({-1}).contiguous();
   p.options = options;
   p.chunk_size = chunk_size;
+  p.want_loss = want_loss;
+  p.input_grad = input_grad;
+  p.weight_grad = weight_grad;
+  p.bias_grad = bias_grad;
+  return p;
+}
+
+// The gradients of a run in the ops' output form: input's shape, [0]-shaped placeholders where not asked.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gradients(const LinearChunks& p, const at::Tensor& input) {
+  return {p.input_grad ? p.grad_input.view(input.sizes()) : placeholder(input),
+          p.weight_grad ? p.grad_weight : placeholder(input), p.bias_grad ? p.grad_bias : placeholder(input)};
+}
+
+// The checks after the tensors' own: the flags, the chunk size, then (CPU) the target values.
+void check_run(const char* op, const std::optional<at::Tensor>& linear_bias, bool bias_grad, int64_t chunk_size,
+               const at::Tensor& target, int64_t classes, int64_t ignore_index) {
+  check_grad_flags(op, linear_bias, bias_grad);
+  check_chunk_size(op, chunk_size);
+  check_target_values(op, target, classes, ignore_index);
 }
 
 }  // namespace
@@ -261,19 +281,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_
     TORCHOPS_CHECK(grad_scale->dim() == 0, op, "grad_scale must be a 0-dim tensor, got shape ", grad_scale->sizes());
     check_dtype_in(op, s, {TORCHOPS_FLOAT_DTYPES});
   }
-  check_grad_flags(op, linear_bias, bias_grad);
-  check_chunk_size(op, chunk_size);
-  check_target_values(op, target, linear_weight.size(0), options.ignore_index);
-  LinearChunks p;
-  set_problem(p, input, linear_weight, target, linear_bias, options, chunk_size);
-  p.want_loss = true;
-  p.input_grad = input_grad;
-  p.weight_grad = weight_grad;
-  p.bias_grad = bias_grad;
+  check_run(op, linear_bias, bias_grad, chunk_size, target, linear_weight.size(0), options.ignore_index);
+  LinearChunks p = problem(input, linear_weight, target, linear_bias, options, chunk_size, /*want_loss=*/true,
+                           input_grad, weight_grad, bias_grad);
   if (given(grad_scale)) p.scale = grad_scale->to(loss_math_dtype(input.scalar_type()));
   p.run(rows);
-  return {p.loss.view(target.sizes()), input_grad ? p.grad_input.view(input.sizes()) : placeholder(input),
-          weight_grad ? p.grad_weight : placeholder(input), bias_grad ? p.grad_bias : placeholder(input)};
+  auto [grad_input, grad_weight, grad_bias] = gradients(p, input);
+  return {p.loss.view(target.sizes()), grad_input, grad_weight, grad_bias};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
@@ -282,18 +296,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward(
     const CrossEntropyOptions& options, bool input_grad, bool weight_grad, bool bias_grad, int64_t chunk_size) {
   check_linear_cross_entropy_args(op, input, linear_weight, target, linear_bias, options);
   check_per_token(op, {"target", target}, {"grad_loss", grad_loss});
-  check_grad_flags(op, linear_bias, bias_grad);
-  check_chunk_size(op, chunk_size);
-  check_target_values(op, target, linear_weight.size(0), options.ignore_index);
-  LinearChunks p;
-  set_problem(p, input, linear_weight, target, linear_bias, options, chunk_size);
-  p.input_grad = input_grad;
-  p.weight_grad = weight_grad;
-  p.bias_grad = bias_grad;
+  check_run(op, linear_bias, bias_grad, chunk_size, target, linear_weight.size(0), options.ignore_index);
+  LinearChunks p = problem(input, linear_weight, target, linear_bias, options, chunk_size, /*want_loss=*/false,
+                           input_grad, weight_grad, bias_grad);
   p.scale = grad_loss.reshape({-1}).to(loss_math_dtype(input.scalar_type())).contiguous();
   if (input_grad || weight_grad || bias_grad) p.run(rows);
-  return {input_grad ? p.grad_input.view(input.sizes()) : placeholder(input),
-          weight_grad ? p.grad_weight : placeholder(input), bias_grad ? p.grad_bias : placeholder(input)};
+  return gradients(p, input);
 }
 
 at::Tensor linear_cross_entropy(const char* op, CrossEntropyRowsKernel rows, const at::Tensor& input,
@@ -302,11 +310,9 @@ at::Tensor linear_cross_entropy(const char* op, CrossEntropyRowsKernel rows, con
                                 const CrossEntropyOptions& options, int64_t chunk_size) {
   check_linear_cross_entropy_args(op, input, linear_weight, target, linear_bias, options);
   const LossReduction r = parse_reduction(op, reduction);
-  check_chunk_size(op, chunk_size);
-  check_target_values(op, target, linear_weight.size(0), options.ignore_index);
-  LinearChunks p;
-  set_problem(p, input, linear_weight, target, linear_bias, options, chunk_size);
-  p.want_loss = true;
+  check_run(op, linear_bias, false, chunk_size, target, linear_weight.size(0), options.ignore_index);
+  LinearChunks p = problem(input, linear_weight, target, linear_bias, options, chunk_size, /*want_loss=*/true, false,
+                           false, false);
   p.run(rows);
   return reduce_loss(p.loss.view(target.sizes()), target, r, options.ignore_index, input.scalar_type());
 }

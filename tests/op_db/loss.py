@@ -163,14 +163,22 @@ def _gradients(total: torch.Tensor, tensors: list[torch.Tensor | None], wanted: 
     return out
 
 
-def linear_cross_entropy_forward_reference(input, linear_weight, target, linear_bias, ignore_index, label_smoothing,
-                                           softcap, grad_scale, input_grad, weight_grad, bias_grad, chunk_size=0):
+def _losses_and_gradients(input, linear_weight, linear_bias, target, ignore_index, label_smoothing, softcap,
+                          total, wanted):
+    """The per-token losses and the gradients (where `wanted`) of total(losses) for input, weight and bias."""
     tensors = [t.detach().requires_grad_() if t is not None else None for t in (input, linear_weight, linear_bias)]
     with torch.enable_grad():
         loss = _token_losses(F.linear(*tensors), target, ignore_index, label_smoothing, softcap)
-        total = loss.sum() * (1.0 if grad_scale is None else grad_scale)
-        grads = _gradients(total, tensors, [input_grad, weight_grad, bias_grad])
-    return (loss.detach(), *grads)
+        return loss.detach(), _gradients(total(loss), tensors, wanted)
+
+
+def linear_cross_entropy_forward_reference(input, linear_weight, target, linear_bias, ignore_index, label_smoothing,
+                                           softcap, grad_scale, input_grad, weight_grad, bias_grad, chunk_size=0):
+    scale = 1.0 if grad_scale is None else grad_scale
+    loss, grads = _losses_and_gradients(input, linear_weight, linear_bias, target, ignore_index, label_smoothing,
+                                        softcap, lambda losses: losses.sum() * scale,
+                                        [input_grad, weight_grad, bias_grad])
+    return (loss, *grads)
 
 
 def linear_cross_entropy_forward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
@@ -194,10 +202,9 @@ def linear_cross_entropy_backward_samples(device: str, dtype: torch.dtype, requi
 
 def linear_cross_entropy_backward_reference(grad_loss, input, linear_weight, target, linear_bias, ignore_index,
                                             label_smoothing, softcap, input_grad, weight_grad, bias_grad, chunk_size=0):
-    tensors = [t.detach().requires_grad_() if t is not None else None for t in (input, linear_weight, linear_bias)]
-    with torch.enable_grad():
-        loss = _token_losses(F.linear(*tensors), target, ignore_index, label_smoothing, softcap)
-        return tuple(_gradients((loss * grad_loss).sum(), tensors, [input_grad, weight_grad, bias_grad]))
+    _, grads = _losses_and_gradients(input, linear_weight, linear_bias, target, ignore_index, label_smoothing, softcap,
+                                     lambda losses: (losses * grad_loss).sum(), [input_grad, weight_grad, bias_grad])
+    return tuple(grads)
 
 
 def linear_cross_entropy_backward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
