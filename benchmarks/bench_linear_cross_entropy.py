@@ -25,7 +25,7 @@ Bars: benchmarks/bars.py. The time bars (``BARS``) are checked by the harness; t
 run or a wrong result exits non-zero.
 
     python -m benchmarks.bench_linear_cross_entropy [--device cuda|cpu] [--quick] [--dtypes bf16]
-        [--ops linear_cross_entropy,cross_entropy] [--tokens 4096,8192] [--no-compile] [--no-bars]
+        [--ops linear_cross_entropy,cross_entropy] [--tokens 4096,8192] [--chunk-size N] [--no-compile] [--no-bars]
 """
 
 from __future__ import annotations
@@ -182,8 +182,8 @@ def bench_linear_cross_entropy(args: argparse.Namespace, liger: dict | None) -> 
             x = (torch.randn(n, h, device=args.device) * 0.5).to(dtype)
             w = (torch.randn(v, h, device=args.device) / h ** 0.5).to(dtype)
             t = _targets(n, v, args.device)
-            impls: dict[str, Callable[..., torch.Tensor]] = {
-                BASELINE: eager, IMPL: lambda x, w, t: torchops.linear_cross_entropy(x, w, t)}
+            ours = lambda x, w, t: torchops.linear_cross_entropy(x, w, t, chunk_size=args.chunk_size)  # noqa: E731
+            impls: dict[str, Callable[..., torch.Tensor]] = {BASELINE: eager, IMPL: ours}
             if args.device == "cuda" and args.compile:
                 impls[COMPILED] = _compiled(eager)
             if args.device == "cuda" and liger is not None:
@@ -280,6 +280,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile", dest="compile", action="store_false", help="leave torch.compile out")
     p.add_argument("--tokens", default="", help="linear_cross_entropy's token counts on the GPU, e.g. 4096,8192 "
                                                 "(the bars need the default set)")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="tokens per chunk of linear_cross_entropy (default: its own choice): memory against time")
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

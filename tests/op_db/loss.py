@@ -196,7 +196,7 @@ def linear_cross_entropy_backward_samples(device: str, dtype: torch.dtype, requi
             g = random_tensor(t.shape, _math_dtype(dtype) if i % 2 else dtype, device)
         ig, wg, bg = (True, True, b is not None) if i % 4 == 3 else (ig, wg, bg)
         samples.append(Sample((g, x, w, t, b, ii, ls, cap, ig, wg, bg, chunk),
-                              desc=f"{desc}, grad_loss {g.dtype}{' broadcast' if g.stride() != g.contiguous().stride() else ''}"))
+                              desc=f"{desc}, grad_loss {g.dtype}{' broadcast' if i % 4 == 3 else ''}"))
     return samples
 
 
@@ -237,7 +237,7 @@ def linear_cross_entropy_backward_sized(device: str, dtype: torch.dtype, n: int)
     return (random_tensor((n,), _math_dtype(dtype), device), x, w, t, b, -100, 0.0, 2.0, True, True, True, 3)
 
 
-def _lce_errors(op: str, device: str, *, tail: tuple = (), forward: bool = False, reduction: bool = True) -> list[ErrorInput]:
+def _lce_errors(op: str, device: str, *, tail: tuple = (), reduction: bool = True) -> list[ErrorInput]:
     """Bad input / weight / target / bias / options for an op taking (input, linear_weight, target, linear_bias, ...)."""
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
     e = functools.partial(expect, op)
@@ -391,7 +391,8 @@ def cross_entropy_reference(logits, target, reduction="mean", ignore_index=-100,
 
 
 def cross_entropy_forward_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
-    return [Sample((z, t, ii, ls, cap), desc=desc) for z, t, _red, ii, ls, cap, desc in _ce_args(device, dtype, requires_grad)]
+    return [Sample((z, t, ii, ls, cap), desc=desc)
+            for z, t, _red, ii, ls, cap, desc in _ce_args(device, dtype, requires_grad)]
 
 
 def _lse(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
