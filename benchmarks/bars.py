@@ -179,5 +179,69 @@ BARS: list[Bar] = [
 ]
 
 
+# linear_cross_entropy and cross_entropy (bench_linear_cross_entropy): an LLM's head (H = 4096, a 128k vocabulary) at
+# 4k to 32k tokens in bf16 on the GPU; 512 tokens, H = 1024, V = 32000 on the CPU.
+LCE_GPU_HEAD = (4096, 128256)  # (H, V)
+LCE_GPU_TOKENS = (4096, 8192, 16384, 32768)
+LCE_SHAPES = tuple(f"{n}x{LCE_GPU_HEAD[0]}x{LCE_GPU_HEAD[1]}" for n in LCE_GPU_TOKENS)
+LCE_CPU_SHAPE = (512, 1024, 32000)  # (tokens, H, V)
+CE_GPU_SHAPE = (8192, 128256)  # (tokens, V): cross_entropy on given logits
+LCE_PEERS = ("eager", "torch.compile", "liger")
+
+BARS += [
+    Bar("linear_cross_entropy", "cuda", "vs eager", 1 / 1.05, ("fwd+bwd",), ("bf16",),
+        "the same three matmuls as eager, a chunk at a time: chunking may cost at most 5%", shapes=LCE_SHAPES),
+    Bar("linear_cross_entropy", "cuda", "vs torch.compile", 1.0, ("fwd+bwd",), ("bf16",),
+        "Inductor fuses the softmax into fewer passes too, but keeps the logits", shapes=LCE_SHAPES),
+    Bar("linear_cross_entropy", "cuda", "vs liger", 1.5, ("fwd+bwd",), ("bf16",),
+        "Liger's fused linear cross-entropy is slower than eager (small chunks, a host sync): the fused op must "
+        "not be", shapes=LCE_SHAPES),
+    Bar("cross_entropy", "cuda", "vs best peer", 1.0, ("fwd+bwd",), ("bf16",),
+        "with the logits given, one pass forward and one backward must beat every peer", shapes=(f"{CE_GPU_SHAPE[0]}x"
+                                                                                                 f"{CE_GPU_SHAPE[1]}",),
+        peers=LCE_PEERS),
+    Bar("linear_cross_entropy", "cpu", "vs eager", 1.0, ("fwd+bwd",), ("f32",), _CPU_EAGER,
+        shapes=("x".join(map(str, LCE_CPU_SHAPE)),)),
+]
+
+
+@dataclass(frozen=True)
+class MemoryBar:
+    """A floor on a peer's peak memory over torchops' (beyond the resident tensors, bytes in the "peak memory
+    fwd+bwd" rows' ``extra["peak_bytes"]``) at every one of ``shapes``. The harness judges times only: the bench
+    that measures the memory rows judges these (bench_linear_cross_entropy.judge_memory_bars)."""
+
+    op: str
+    device: str
+    peer: str
+    at_least: float
+    dtypes: tuple[str, ...]
+    shapes: tuple[str, ...]
+    why: str
+    case: str = "peak memory fwd+bwd"
+
+    @property
+    def label(self) -> str:
+        where = "/".join(self.shapes) if len(self.shapes) <= 2 else f"{len(self.shapes)} shapes"
+        return f"{self.op} [{self.device}] {self.case} at {where}: {self.peer}'s peak >= {self.at_least:g}x ours"
+
+
+MEMORY_BARS: list[MemoryBar] = [
+    MemoryBar("linear_cross_entropy", "cuda", "eager", 4.0, ("bf16",), (LCE_SHAPES[1],),
+              "eager keeps several tokens x vocabulary buffers through backward; one chunk of logits must be all "
+              "the fused op adds"),
+    MemoryBar("linear_cross_entropy", "cuda", "eager", 10.0, ("bf16",), (LCE_SHAPES[3],),
+              "the saving grows with the tokens: the chunk does not"),
+    MemoryBar("linear_cross_entropy", "cuda", "liger", 1.0, ("bf16",), LCE_SHAPES,
+              "memory is why people use Liger's version: the fused op must need no more"),
+    MemoryBar("cross_entropy", "cuda", "eager", 2.0, ("bf16",), (f"{CE_GPU_SHAPE[0]}x{CE_GPU_SHAPE[1]}",),
+              "no log-softmax buffer and no second gradient buffer: at most the logits' gradient beyond them"),
+]
+
+
+def memory_bars_for(op: str, device: str) -> list[MemoryBar]:
+    return [b for b in MEMORY_BARS if b.op == op and b.device == device]
+
+
 def bars_for(op: str, device: str) -> list[Bar]:
     return [b for b in BARS if b.op == op and b.device == device]

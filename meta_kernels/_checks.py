@@ -98,6 +98,19 @@ MESSAGES: dict[str, str] = {
     "crow_decreasing": "crow_indices must be non-decreasing, got crow_indices[{i}] = {a} > crow_indices[{j}] = {b}",
     "crow_last": "crow_indices[-1] must equal nnz = {nnz} (the length of col_indices), got {got}",
     "col_out_of_range": "col_indices must lie in [0, K) with K = {K}, got col_indices[{p}] = {got}",
+    # losses (csrc/loss/loss.cpp)
+    "in_features": "linear_weight must have {h} columns ({x}'s last dimension), got shape {shape}",
+    "no_classes": "{x} holds no classes (its {dim} dimension is empty), got shape {shape}",
+    "target_shape": "target must have shape {shape} ({x}'s leading dimensions), got shape {got}",
+    "bias_shape": "linear_bias must be 1-D of size {n} (linear_weight's rows), got shape {shape}",
+    "label_smoothing": "label_smoothing must lie in [0, 1], got {got}",
+    "softcap": "softcap must be positive and finite, got {got}",
+    "reduction": "reduction must be 'none', 'mean' or 'sum', got '{got}'",
+    "chunk_size": "chunk_size must be non-negative (0: chosen from the sizes), got {got}",
+    "zero_dim": "{x} must be a 0-dim tensor, got shape {shape}",
+    "bias_grad_without_bias": "bias_grad is true but linear_bias is None",
+    # loss targets: read from the data, so raised by the CPU kernels only, never by fake kernels
+    "target_range": "target must lie in [0, {n}) or equal ignore_index ({ignore_index}), got {got} at index {i}",
 }
 
 

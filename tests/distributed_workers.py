@@ -527,7 +527,112 @@ def check_mesh_2d(mesh: Any, device: str) -> int:
     return n + 1
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Losses: tokens sharded (data / sequence parallel), the LM head replicated.
+
+
+def _loss_targets(shape: tuple[int, ...], classes: int, device: str, ignored: list[int]) -> Tensor:
+    t = torch.randint(0, classes, shape, generator=torch.Generator().manual_seed(11)).view(-1)
+    t[ignored] = -100  # the first tokens: the shards' counts of non-ignored tokens differ
+    return t.view(shape).to(device)
+
+
+def _loss_grads(out: Tensor, grad: Tensor, tensors: list[Tensor]) -> list[Tensor]:
+    return list(torch.autograd.grad((out * grad).sum(), tensors))
+
+
+def check_loss_ops(mesh: Any, device: str) -> int:
+    """linear_cross_entropy / cross_entropy with input (or logits) and target Shard(d), the weight and bias
+    replicated, against the same call on whole tensors: loss and gradients for every reduction (the mean over
+    the count of non-ignored tokens of all shards), under no_grad and inference_mode too; their internal ops'
+    placements; a vocab-sharded weight raises."""
+    import torchops
+    n = 0
+    S0, S1, R, P = Shard(0), Shard(1), Replicate(), Partial()
+    V, H = 11, 8
+    w, b = rand(V, H, device=device), rand(V, device=device)
+    for shape, p, ignored in [((6,), S0, [0, 1, 2]), ((5,), S0, [0, 3]), ((2, 4), S1, [0, 1, 4]), ((2, 4), S0, [])]:
+        x = rand(*shape, H, device=device)
+        t = _loss_targets(shape, V, device, ignored)
+        for reduction in ("none", "sum", "mean"):
+            for bias, kw in [(b, dict(label_smoothing=0.1)), (None, dict(softcap=2.0))]:
+                what = f"linear_cross_entropy {shape} {p} {reduction} bias={bias is not None} {kw}"
+                leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+                if bias is not None:
+                    leaves.append(bias.clone().requires_grad_())
+                call = lambda xx, ww, tt, bb: torchops.linear_cross_entropy(xx, ww, tt, linear_bias=bb,  # noqa: E731
+                                                                          reduction=reduction, **kw)
+                ref = call(leaves[0], leaves[1], t, leaves[2] if bias is not None else None)
+                grad = torch.randn_like(ref)
+                ref_grads = _loss_grads(ref, grad, leaves)
+                d = [distribute_tensor(leaves[0].detach(), mesh, [p]).requires_grad_(),
+                     distribute_tensor(w, mesh, [R]).requires_grad_()]
+                if bias is not None:
+                    d.append(distribute_tensor(bias, mesh, [R]).requires_grad_())
+                td = distribute_tensor(t, mesh, [p])
+                out = call(d[0], d[1], td, d[2] if bias is not None else None)
+                assert isinstance(out, DTensor), what
+                close(out, ref.detach(), what)
+                got = _loss_grads(out, distribute_tensor(grad, mesh, [R]), d)
+                for i, (g, r) in enumerate(zip(got, ref_grads)):
+                    close(g, r, f"{what}: grad of input {i}")
+                assert tuple(got[0].placements) == (p,), (what, got[0].placements)
+                for ctx in (torch.no_grad, torch.inference_mode):
+                    with ctx():
+                        plain = call(distribute_tensor(x, mesh, [p]), distribute_tensor(w, mesh, [R]),
+                                     distribute_tensor(t, mesh, [p]),
+                                     None if bias is None else distribute_tensor(bias, mesh, [R]))
+                        close(plain, ref.detach(), f"{what} under {ctx.__name__}")
+                # cross_entropy on the same logits, sharded alike.
+                logits = torch.nn.functional.linear(x, w, bias)
+                ce_ref_in = logits.clone().requires_grad_()
+                ce_ref = torchops.cross_entropy(ce_ref_in, t, reduction=reduction, **kw)
+                ce_grad = _loss_grads(ce_ref, grad, [ce_ref_in])[0]
+                zd = distribute_tensor(logits, mesh, [p]).requires_grad_()
+                ce = torchops.cross_entropy(zd, td, reduction=reduction, **kw)
+                close(ce, ce_ref.detach(), f"cross_entropy {what}")
+                close(_loss_grads(ce, distribute_tensor(grad, mesh, [R]), [zd])[0], ce_grad,
+                      f"cross_entropy {what}: grad of logits")
+                with torch.inference_mode():
+                    close(torchops.cross_entropy(distribute_tensor(logits, mesh, [p]), distribute_tensor(t, mesh, [p]),
+                                                 reduction=reduction, **kw), ce_ref.detach(),
+                          f"cross_entropy {what} under inference_mode")
+                n += 1
+    # The internal ops' placements: per-token outputs sharded, sums over tokens Partial.
+    x, t = rand(6, H, device=device), _loss_targets((6,), V, device, [1])
+    loss, gi, gw, gb = torch.ops.myns._linear_cross_entropy_forward(
+        distribute_tensor(x, mesh, [S0]), distribute_tensor(w, mesh, [R]), distribute_tensor(t, mesh, [S0]),
+        distribute_tensor(b, mesh, [R]), -100, 0.0, None, None, True, True, True, 2)
+    assert [tuple(o.placements) for o in (loss, gi, gw, gb)] == [(S0,), (S0,), (P,), (P,)]
+    ref = torch.ops.myns._linear_cross_entropy_forward(x, w, t, b, -100, 0.0, None, None, True, True, True, 2)
+    for got, want in zip((loss, gi, gw, gb), ref):
+        close(got, want, "_linear_cross_entropy_forward Shard(0)")
+    g = rand(6, device=device)
+    bwd = torch.ops.myns._linear_cross_entropy_backward
+    ref = bwd(g, x, w, t, b, -100, 0.1, None, True, True, True, 0)
+    for pg, px, want in [(S0, S0, [S0, P, P]), (P, R, [P, P, P]), (R, R, [R, R, R])]:
+        got = bwd(dt(g, mesh, pg), dt(x, mesh, px), dt(w, mesh, R), dt(t, mesh, px), dt(b, mesh, R), -100, 0.1, None,
+                  True, True, True, 0)
+        assert [tuple(o.placements) for o in got] == [(q,) for q in want], (pg, px, [o.placements for o in got])
+        for o, r in zip(got, ref):
+            close(o, r, f"_linear_cross_entropy_backward grad_loss {pg}, tokens {px}")
+        n += 1
+    # A vocab-parallel head (the weight's rows sharded): refused by name, never gathered silently.
+    for pw in (S0, S1):
+        try:
+            torchops.linear_cross_entropy(distribute_tensor(x, mesh, [S0]), distribute_tensor(w, mesh, [pw]),
+                                          distribute_tensor(t, mesh, [S0]))
+        except RuntimeError as e:
+            assert f"myns::_linear_cross_entropy_forward: linear_weight is sharded ({pw})" in str(e) or \
+                f"myns::linear_cross_entropy: linear_weight is sharded ({pw})" in str(e), str(e)
+        else:
+            raise AssertionError(f"a {pw} linear_weight must raise")
+        n += 1
+    return n
+
+
 CHECKS: dict[str, Callable[[Any, str], int]] = {
+    "loss": check_loss_ops,
     "mesh_2d": check_mesh_2d,
     "elementwise": check_elementwise_ops,
     "norm": check_norm_ops,

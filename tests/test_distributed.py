@@ -138,6 +138,12 @@ def test_example_runs_under_torchrun() -> None:
     assert out.stdout.count("step ") == 3, out.stdout
 
 
+def test_gloo_world_size_2_losses():
+    # linear_cross_entropy / cross_entropy with tokens sharded: every reduction (the mean over all shards'
+    # non-ignored tokens), gradients, no_grad and inference_mode, the internal ops, a vocab-sharded weight.
+    spawn(2, "gloo", ["loss"])
+
+
 @pytest.mark.cuda
 @pytest.mark.slow
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2) or not dist.is_nccl_available(),

@@ -31,6 +31,13 @@ redistributes the inputs that don't match it):
   the index tensors (each block's row offsets restart at 0 and its nonzeros are not an even split of the
   global ones): :func:`shard_csr_rows` builds such blocks and :func:`row_sharded_spmm` multiplies one by a
   DTensor, returning a ``Shard(0)`` DTensor.
+- ``linear_cross_entropy``, ``cross_entropy`` and their internal ops: tokens ``Shard(d)`` on any dimension
+  but the last (``input`` or ``logits`` and ``target`` alike: data / sequence parallel), ``linear_weight`` and
+  ``linear_bias`` ``Replicate``; per-token outputs (``"none"`` losses, lse, grad_input) come out ``Shard(d)``,
+  sums over tokens (``"sum"``, the weight's and bias's gradients) ``Partial``. ``"mean"`` divides by the
+  count of non-ignored tokens of every shard: the Autograd kernels run it as sharded sums over that count
+  (one small all-reduce), so the loss and gradients equal the single-process ones. A sharded
+  ``linear_weight`` (vocab-parallel) raises, naming its placement.
 """
 
 from __future__ import annotations
@@ -281,6 +288,121 @@ def _replicate_only(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
     return rule
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Losses: tokens sharded (data / sequence parallel) on any dimension but the last; the classifier replicated.
+
+
+def _refuse_sharded_weight(op: torch._ops.OpOverload, args: _Args) -> None:
+    """A sharded linear_weight would leave each rank a slice of every token's logits (vocab-parallel), whose
+    log-sum-exp these ops do not combine across ranks: raise, naming the placement, rather than gather it."""
+    if "linear_weight" not in args.values or not args.is_tensor("linear_weight"):
+        return
+    for p in args["linear_weight"].placements:
+        if isinstance(p, Shard):
+            raise RuntimeError(
+                f"myns::{_name(op)}: linear_weight is sharded ({p}) across the mesh, so each rank would hold part of "
+                "every token's logits (vocab-parallel), which this op does not combine; replicate linear_weight "
+                "(shard the tokens instead: Shard(0) of input and target)")
+
+
+def _loss_forward(op: torch._ops.OpOverload, scores: str) -> Callable[..., list[Strategy]]:
+    """linear_cross_entropy, _linear_cross_entropy_chunked (scores: input) and cross_entropy (scores: logits).
+
+    Tokens Shard(d) (with target) -> "none": Shard(d), "sum": Partial. "mean" divides by the count of every
+    shard's tokens, which no placement of a local mean expresses: Replicate only (the autograd kernels, which
+    these reach under no_grad and with gradients, run it as the sum of _linear_cross_entropy_forward's sharded
+    losses over a count summed across shards; only inference_mode calls this op under DTensor directly).
+    """
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        _refuse_sharded_weight(op, args)
+        reduction = args["reduction"]
+
+        def by(p: Placement) -> PlacementList:
+            placed = {scores: p, "target": p}
+            for n in ("linear_weight", "linear_bias"):
+                if n in args.values and args.is_tensor(n):
+                    placed[n] = Replicate()
+            return args.placements(placed)
+
+        rules: list[Strategy] = [([Replicate()], by(Replicate()))]
+        if reduction in ("none", "sum"):
+            for d in range(args.ndim(scores) - 1):
+                rules.append(([Shard(d) if reduction == "none" else Partial()], by(Shard(d))))
+        return rules
+
+    return rule
+
+
+def _linear_cross_entropy_forward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """(loss, grad_input, grad_weight, grad_bias): tokens Shard(d) -> loss and grad_input Shard(d), the weight's
+    and bias's gradients (sums over tokens) Partial; grad_scale Replicate. Outputs not asked for are
+    [0]-shaped placeholders, Replicate."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        _refuse_sharded_weight(op, args)
+        has_bias = args.is_tensor("linear_bias")
+        wants = (bool(args["input_grad"]), bool(args["weight_grad"]), bool(args["bias_grad"]) and has_bias)
+
+        def add(p: Placement, summed: Placement) -> Strategy:
+            placed = {"input": p, "target": p, "linear_weight": Replicate()}
+            for n in ("linear_bias", "grad_scale"):
+                if args.is_tensor(n):
+                    placed[n] = Replicate()
+            outs = [p] + [q if want else Replicate() for q, want in zip((p, summed, summed), wants)]
+            return outs, args.placements(placed)
+
+        return [add(Replicate(), Replicate())] + [add(Shard(d), Partial()) for d in range(args.ndim("input") - 1)]
+
+    return rule
+
+
+def _linear_cross_entropy_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """(grad_input, grad_weight, grad_bias): grad_loss sharded like the tokens -> grad_input Shard(d), the sums
+    Partial; linear in grad_loss, so a Partial grad_loss (tokens replicated) gives Partial outputs."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        _refuse_sharded_weight(op, args)
+        has_bias = args.is_tensor("linear_bias")
+        wants = (bool(args["input_grad"]), bool(args["weight_grad"]), bool(args["bias_grad"]) and has_bias)
+
+        def add(g: Placement, p: Placement, rows: Placement, summed: Placement) -> Strategy:
+            placed = {"grad_loss": g, "input": p, "target": p, "linear_weight": Replicate()}
+            if has_bias:
+                placed["linear_bias"] = Replicate()
+            outs = [q if want else Replicate() for q, want in zip((rows, summed, summed), wants)]
+            return outs, args.placements(placed)
+
+        rules = [add(Replicate(), Replicate(), Replicate(), Replicate())]
+        rules += [add(Shard(d), Shard(d), Shard(d), Partial()) for d in range(args.ndim("input") - 1)]
+        rules.append(add(Partial(), Replicate(), Partial(), Partial()))
+        return rules
+
+    return rule
+
+
+def _cross_entropy_rows(op: torch._ops.OpOverload, row_inputs: Sequence[str], n_out: int,
+                        linear_in: str | None = None) -> Callable[..., list[Strategy]]:
+    """_cross_entropy_forward / _cross_entropy_backward: every per-token input (and the logits) Shard(d) ->
+    every output Shard(d); `linear_in` (the backward's grad_loss) Partial with the rest Replicate -> Partial."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        names = [n for n in row_inputs if args.is_tensor(n)]
+        rules: list[Strategy] = [([Replicate()] * n_out, args.placements({n: Replicate() for n in names}))]
+        for d in range(args.ndim("logits") - 1):
+            rules.append(([Shard(d)] * n_out, args.placements({n: Shard(d) for n in names})))
+        if linear_in is not None:
+            by = {n: Partial() if n == linear_in else Replicate() for n in names}
+            rules.append(([Partial()] * n_out, args.placements(by)))
+        return rules
+
+    return rule
+
+
 # The rules of the ops that are not pointwise, by name (pointwise ops get _pointwise); a test fails for a
 # myns op with neither.
 _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]]]] = {
@@ -297,6 +419,14 @@ _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]
     "_csr_spmm_with_transpose": _csr_spmm,
     "_csr_sddmm": _csr_sddmm,
     "_csr_transpose": _replicate_only,
+    "linear_cross_entropy": lambda op: _loss_forward(op, "input"),
+    "_linear_cross_entropy_chunked": lambda op: _loss_forward(op, "input"),
+    "_linear_cross_entropy_forward": _linear_cross_entropy_forward,
+    "_linear_cross_entropy_backward": _linear_cross_entropy_backward,
+    "cross_entropy": lambda op: _loss_forward(op, "logits"),
+    "_cross_entropy_forward": lambda op: _cross_entropy_rows(op, ("logits", "target"), 2),
+    "_cross_entropy_backward": lambda op: _cross_entropy_rows(op, ("grad_loss", "logits", "target", "lse"), 1,
+                                                              linear_in="grad_loss"),
 }
 
 

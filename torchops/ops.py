@@ -53,7 +53,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torchops._meta_kernels._checks import INT_DTYPES, message
 from torchops._polyfills import scripted_as, traced_as
 
-__all__ = ["add_rms_norm", "csr_spmm", "gelu_and_mul", "layer_norm", "rms_norm", "spmm", "swiglu", "vector_add"]
+__all__ = ["add_rms_norm", "cross_entropy", "csr_spmm", "gelu_and_mul", "layer_norm", "linear_cross_entropy", "rms_norm",
+           "spmm", "swiglu", "vector_add"]
 
 
 def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
@@ -72,6 +73,10 @@ _layer_norm, _layer_norm_c = _entries(torch.ops.myns.layer_norm.default)
 _csr_spmm, _csr_spmm_c = _entries(torch.ops.myns.csr_spmm.default)
 _csr_spmm_with_transpose, _csr_spmm_with_transpose_c = _entries(torch.ops.myns._csr_spmm_with_transpose.default)
 _csr_transpose = torch.ops.myns._csr_transpose.default
+_linear_cross_entropy, _linear_cross_entropy_c = _entries(torch.ops.myns.linear_cross_entropy.default)
+_linear_cross_entropy_chunked, _linear_cross_entropy_chunked_c = _entries(
+    torch.ops.myns._linear_cross_entropy_chunked.default)
+_cross_entropy, _cross_entropy_c = _entries(torch.ops.myns.cross_entropy.default)
 
 
 def _reject_none(overload: torch._ops.OpOverload, args: tuple[Any, ...]) -> None:
@@ -507,3 +512,106 @@ def _spmm_eager(A: Tensor, dense: Tensor) -> Tensor:
 def _spmm_traced(A: Tensor, dense: Tensor) -> Tensor:
     _check_spmm_args(A, dense)
     return _csr_spmm(A.crow_indices(), A.col_indices(), A.values(), dense)
+
+
+@scripted_as(_linear_cross_entropy)
+def linear_cross_entropy(input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
+                         reduction: str = "mean", ignore_index: int | None = -100, label_smoothing: float = 0.0,
+                         softcap: float | None = None, chunk_size: int | None = None) -> Tensor:
+    """The cross-entropy loss of a linear layer's logits (an LM head), without ever holding all the logits:
+    ``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, ...)`` over the last dimension.
+
+    The keyword names are ``torch.nn.functional.linear_cross_entropy``'s (torch 2.13+), so code written for it
+    switches by changing the module. The logits are computed a chunk of tokens at a time (matmuls by ATen:
+    cuBLAS on CUDA), each chunk turned in place into its loss terms and, under autograd, its gradient: the
+    memory beyond the inputs and their gradients is one chunk of logits, not several tokens x vocabulary
+    buffers.
+
+    Args:
+        input: ``(..., H)`` float16, bfloat16, float32 or float64; any leading dimensions (flattened to tokens).
+        linear_weight: ``(V, H)``, input's dtype and device.
+        target: class indices of input's leading shape, int64 or int32. Values outside ``[0, V)`` other than
+            ``ignore_index`` raise a RuntimeError on the CPU; on CUDA (which never synchronises to check) such a
+            token's loss is NaN and its gradient zero.
+        linear_bias: optional ``(V,)``, input's dtype.
+        reduction: ``"mean"`` (over the tokens whose target is not ``ignore_index``; NaN when there are none,
+            as torch), ``"sum"`` or ``"none"`` (per-token losses of target's shape, 0 at ignored tokens).
+        ignore_index: the target value whose tokens are left out (``None``: -100, as torch).
+        label_smoothing: in ``[0, 1]``, as ``F.cross_entropy``'s.
+        softcap: when given (> 0), the logits are capped to ``softcap * tanh(logits / softcap)`` first (Gemma 2's
+            final-logit softcapping).
+        chunk_size: tokens per chunk; ``None`` chooses from the sizes (all of them while their logits take at
+            most 256 MiB, else equal chunks that do).
+
+    Returns:
+        The loss in input's dtype: a 0-dim tensor, or target's shape for ``"none"``. The softmax runs in float32
+        (float64 for float64 input) whatever the input's dtype, without a float32 copy of the logits.
+
+    Differentiable in ``input``, ``linear_weight`` and ``linear_bias`` (first derivatives: a second raises).
+    For ``"mean"`` and ``"sum"`` the gradients are computed during the forward (one pass over the logits) and
+    scaled by the incoming gradient in backward (in place unless the graph is retained); ``"none"``
+    recomputes the logits in backward. No host synchronisation: a training step captures in one CUDA graph.
+    Works under ``torch.compile`` (fullgraph, dynamic), ``torch.export``, TorchScript (as
+    ``torch.ops.myns.linear_cross_entropy``) and AOTInductor; under ``torch.autocast`` the matmuls run in
+    autocast's dtype, like ``F.linear``.
+    """
+    if ignore_index is None:
+        ignore_index = -100
+    if chunk_size is None:
+        entry, overload, args = _linear_cross_entropy_c, _linear_cross_entropy, ()
+    else:
+        entry, overload, args = _linear_cross_entropy_chunked_c, _linear_cross_entropy_chunked, (chunk_size,)
+    args = (input, linear_weight, target, linear_bias, reduction, ignore_index, label_smoothing, softcap, *args)
+    try:
+        return entry(*args)
+    except RuntimeError:
+        return _failed(entry, overload, *args)
+
+
+@traced_as(linear_cross_entropy)
+def _linear_cross_entropy_traced(input: Tensor, linear_weight: Tensor, target: Tensor, *,
+                                 linear_bias: Tensor | None = None, reduction: str = "mean",
+                                 ignore_index: int | None = -100, label_smoothing: float = 0.0,
+                                 softcap: float | None = None, chunk_size: int | None = None) -> Tensor:
+    if ignore_index is None:
+        ignore_index = -100
+    if chunk_size is None:
+        return _linear_cross_entropy(input, linear_weight, target, linear_bias, reduction, ignore_index,
+                                     label_smoothing, softcap)
+    return _linear_cross_entropy_chunked(input, linear_weight, target, linear_bias, reduction, ignore_index,
+                                         label_smoothing, softcap, chunk_size)
+
+
+@scripted_as(_cross_entropy)
+def cross_entropy(logits: Tensor, target: Tensor, *, reduction: str = "mean", ignore_index: int = -100,
+                  label_smoothing: float = 0.0, softcap: float | None = None) -> Tensor:
+    """``F.cross_entropy`` over the last dimension of ``logits``, fused: one pass forward, one backward.
+
+    For models that need the logits anyway (else :func:`linear_cross_entropy` saves their memory). Equal to
+    ``F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ...)`` (reshaped to target's shape for
+    ``"none"``): the class dimension is the *last* one whatever the rank, as in language models (torch's
+    takes dimension 1 of inputs of more than two dimensions).
+
+    Args:
+        logits: ``(..., V)`` float16, bfloat16, float32 or float64, any layout.
+        target, reduction, ignore_index, label_smoothing, softcap: as for :func:`linear_cross_entropy`.
+
+    Returns:
+        The loss in logits' dtype (0-dim, or target's shape for ``"none"``). float32 math for 16-bit logits
+        (float64 for float64) without a float32 copy of them; autocast leaves the logits as they are.
+
+    Differentiable in ``logits`` (first derivatives): the forward saves each row's log-sum-exp, the backward
+    reads the logits once and writes their gradient. No host synchronisation. Works under ``torch.compile``,
+    ``torch.export``, TorchScript (as ``torch.ops.myns.cross_entropy``) and AOTInductor.
+    """
+    try:
+        return _cross_entropy_c(logits, target, reduction, ignore_index, label_smoothing, softcap)
+    except RuntimeError:
+        return _failed(_cross_entropy_c, _cross_entropy, logits, target, reduction, ignore_index, label_smoothing,
+                       softcap)
+
+
+@traced_as(cross_entropy)
+def _cross_entropy_traced(logits: Tensor, target: Tensor, *, reduction: str = "mean", ignore_index: int = -100,
+                          label_smoothing: float = 0.0, softcap: float | None = None) -> Tensor:
+    return _cross_entropy(logits, target, reduction, ignore_index, label_smoothing, softcap)
