@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchops
-from helpers import HAS_CUDA, needs_gpu_memory, random_tensor, requires_cuda
+from helpers import HALF_DTYPES, HAS_CUDA, INT_DTYPES, needs_gpu_memory, random_tensor, requires_cuda
 
 settings.register_profile("lce_ci", max_examples=40, derandomize=True, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -218,7 +218,7 @@ def test_equals_torch_linear_cross_entropy(reduction, chunked):
 # ------------------------------------------------------------------------------------------ 16-bit math
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_16bit_logits_use_float32_math(dtype):
     # Per-token losses of 16-bit logits equal float64 math on the same logits to float32 precision (16-bit
     # math would be off by ~1e-2): computed in float32 without a float32 copy of the logits.
@@ -349,7 +349,7 @@ def valid_calls(draw):
     kw = dict(reduction=draw(st.sampled_from(REDUCTIONS)),
               label_smoothing=draw(st.sampled_from([0.0, 0.25, 1.0])),
               softcap=draw(st.sampled_from([None, 0.5, 20.0])))
-    return tokens, h, v, t.view(tokens).to(draw(st.sampled_from([torch.int32, torch.int64]))), \
+    return tokens, h, v, t.view(tokens).to(draw(st.sampled_from(INT_DTYPES))), \
         draw(st.booleans()), draw(st.sampled_from([None, 1, 3])), kw
 
 

@@ -112,6 +112,17 @@ class Spmm(torch.nn.Module):
         return torchops.spmm(A, dense)
 
 
+class LinearCrossEntropy(torch.nn.Module):
+    def forward(self, x: Tensor, w: Tensor, t: Tensor, b: Tensor) -> Tensor:
+        return torchops.linear_cross_entropy(x, w, t, linear_bias=b, reduction="sum") + torchops.linear_cross_entropy(
+            x, w, t)
+
+
+class CrossEntropy(torch.nn.Module):
+    def forward(self, logits: Tensor, t: Tensor) -> Tensor:
+        return torchops.cross_entropy(logits, t, label_smoothing=0.1) + torchops.cross_entropy(logits, t)
+
+
 def _x() -> Tensor:
     return torch.randn(3, 8)
 
@@ -124,6 +135,9 @@ SCRIPT_CASES: dict[str, tuple[type[torch.nn.Module], Callable[[], tuple[Any, ...
     "add_rms_norm": (AddRMSNorm, lambda: (_x(), _x(), torch.randn(8))),
     "layer_norm": (LayerNormCall, lambda: (_x(), torch.randn(8), torch.randn(8))),
     "csr_spmm": (CsrSpmm, lambda: (*_csr(), torch.randn(4, 5))),
+    "linear_cross_entropy": (LinearCrossEntropy, lambda: (_x(), torch.randn(5, 8), torch.tensor([0, 4, 2]),
+                                                          torch.randn(5))),
+    "cross_entropy": (CrossEntropy, lambda: (torch.randn(3, 5), torch.tensor([0, 4, 2]))),
     "spmm": (Spmm, lambda: (torch.sparse_csr_tensor(*_csr(), (3, 4)), torch.randn(4, 5))),
 }
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from helpers import FLOAT_DTYPES, random_tensor
+from helpers import FLOAT_DTYPES, INT_DTYPES, random_tensor
 from op_db.core import ErrorInput, OpInfo, Sample, _grad, expect  # noqa: F401
 from op_db.elementwise import _CUDA_VS_CPU  # noqa: F401
 
@@ -256,7 +256,7 @@ def _lce_errors(op: str, device: str, *, tail: tuple = (), reduction: bool = Tru
           y_dtype=torch.float64),
         e(call(w_=f32(5, 7)), "in_features", h=8, x="input", shape=[5, 7]),
         e(call(w_=f32(0, 8), b_=None), "no_classes", x="linear_weight", dim="first", shape=[0, 8]),
-        e(call(t_=t.float()), "dtype_in", x="target", dtype=torch.float32, supported=(torch.int32, torch.int64)),
+        e(call(t_=t.float()), "dtype_in", x="target", dtype=torch.float32, supported=INT_DTYPES),
         e(call(t_=t[:3]), "target_shape", shape=[4], x="input", got=[3]),
         e(call(t_=t.view(4, 1)), "target_shape", shape=[4], x="input", got=[4, 1]),
         e(call(b_=f32(6)), "bias_shape", n=5, shape=[6]),
@@ -460,7 +460,7 @@ def _ce_errors(op: str, device: str, *, reduction: bool = True) -> list[ErrorInp
         e(call(z_=f32(())), "at_least_1d", x="logits"),
         e(call(z_=z.to(torch.int64)), "dtype_in", x="logits", dtype=torch.int64, supported=FLOAT_DTYPES),
         e(call(z_=f32(4, 0)), "no_classes", x="logits", dim="last", shape=[4, 0]),
-        e(call(t_=t.double()), "dtype_in", x="target", dtype=torch.float64, supported=(torch.int32, torch.int64)),
+        e(call(t_=t.double()), "dtype_in", x="target", dtype=torch.float64, supported=INT_DTYPES),
         e(call(t_=t[:2]), "target_shape", shape=[4], x="logits", got=[2]),
         e(call(ls=2.5), "label_smoothing", got="2.5"),
         e(call(cap=-0.5), "softcap", got="-0.5"),
