@@ -33,22 +33,15 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
-
-if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-place-built `torchops`) importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks import harness as H
+from benchmarks.harness import COMPILED, EAGER, IMPL, LIGER
 from benchmarks.bars import LCE_CPU_SHAPE, LCE_GPU_HEAD, LCE_GPU_TOKENS, CE_GPU_SHAPE, memory_bars_for
 
-BASELINE = "eager"
-COMPILED = "torch.compile"
-LIGER = "liger"
-IMPL = "torchops"
 TIME_CASE = "fwd+bwd"
 MEMORY_CASE = "peak memory fwd+bwd"
 IGNORE_EVERY = 16  # every 16th target is ignore_index
@@ -101,7 +94,7 @@ def _check_against_float32(op: str, impls: dict[str, Callable[..., torch.Tensor]
     (Frobenius) errors: float32 runs within 1e-4; 16-bit ones within three times eager's own 16-bit error (eager
     rounds its log-softmax to 16 bits) or 1e-2, whichever is larger."""
     wide = [x.detach().float().requires_grad_() for x in leaves]
-    out = impls[BASELINE](*wide, t)
+    out = impls[EAGER](*wide, t)
     want = [out.detach(), *torch.autograd.grad(out, wide)]
     del out, wide
     errors: dict[str, list[float]] = {}
@@ -112,7 +105,7 @@ def _check_against_float32(op: str, impls: dict[str, Callable[..., torch.Tensor]
     del want
     for name, errs in errors.items():
         for i, err in enumerate(errs):
-            bound = 1e-4 if dtype == torch.float32 else max(3 * errors[BASELINE][i], 1e-2)
+            bound = 1e-4 if dtype == torch.float32 else max(3 * errors[EAGER][i], 1e-2)
             assert err <= bound, (f"{op} {name} {shape}: output {i} (0: loss, then gradients) has a relative error "
                                   f"of {err:.3g} against float32 > {bound:.3g}")
     print(f"  {op} {shape} relative errors against float32 (loss, gradients): "
@@ -150,11 +143,11 @@ def _rows(op: str, impls: dict[str, Callable[..., torch.Tensor]], leaves: Sequen
     for name, ms in times.items():
         if nbytes is None:
             yield H.Result(op=op, case=TIME_CASE, dtype=H.DTYPE_NAMES[dtype], shape=shape, numel=numel, impl=name,
-                           device=args.device, ms=ms, speedup=times[BASELINE] / ms, baseline=BASELINE)
+                           device=args.device, ms=ms, speedup=times[EAGER] / ms, baseline=EAGER)
         else:
             yield H.bandwidth_result(op=op, case=TIME_CASE, dtype=dtype, shape=shape, numel=numel, impl=name,
-                                     device=args.device, ms=ms, nbytes=nbytes, baseline=BASELINE,
-                                     baseline_ms=times[BASELINE])
+                                     device=args.device, ms=ms, nbytes=nbytes, baseline=EAGER,
+                                     baseline_ms=times[EAGER])
     if args.device != "cuda":
         return
     peaks = {name: peak_extra_bytes(fn, leaves, t) for name, fn in impls.items()}
@@ -162,8 +155,8 @@ def _rows(op: str, impls: dict[str, Callable[..., torch.Tensor]], leaves: Sequen
           + ", ".join(f"{k} {v / H.MiB:.0f} MiB" for k, v in peaks.items()), file=sys.stderr, flush=True)
     for name, peak in peaks.items():
         yield H.Result(op=op, case=MEMORY_CASE, dtype=H.DTYPE_NAMES[dtype], shape=shape, numel=numel, impl=name,
-                       device=args.device, ms=0.0, speedup=peaks[BASELINE] / max(peak, 1),
-                       baseline=BASELINE, extra={"peak_bytes": peak, "peak_mib": peak / H.MiB})
+                       device=args.device, ms=0.0, speedup=peaks[EAGER] / max(peak, 1),
+                       baseline=EAGER, extra={"peak_bytes": peak, "peak_mib": peak / H.MiB})
 
 
 def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -183,7 +176,7 @@ def bench_linear_cross_entropy(args: argparse.Namespace, liger: dict | None) -> 
             w = (torch.randn(v, h, device=args.device) / h ** 0.5).to(dtype)
             t = _targets(n, v, args.device)
             ours = lambda x, w, t: torchops.linear_cross_entropy(x, w, t, chunk_size=args.chunk_size)  # noqa: E731
-            impls: dict[str, Callable[..., torch.Tensor]] = {BASELINE: eager, IMPL: ours}
+            impls: dict[str, Callable[..., torch.Tensor]] = {EAGER: eager, IMPL: ours}
             if args.device == "cuda" and args.compile:
                 impls[COMPILED] = _compiled(eager)
             if args.device == "cuda" and liger is not None:
@@ -205,7 +198,7 @@ def bench_cross_entropy(args: argparse.Namespace, liger: dict | None) -> Iterato
             z = (torch.randn(n, v, device=args.device) * 2).to(dtype).requires_grad_()
             t = _targets(n, v, args.device)
             impls: dict[str, Callable[..., torch.Tensor]] = {
-                BASELINE: eager, IMPL: lambda z, t: torchops.cross_entropy(z, t)}
+                EAGER: eager, IMPL: lambda z, t: torchops.cross_entropy(z, t)}
             if args.device == "cuda" and args.compile:
                 impls[COMPILED] = _compiled(eager)
             if args.device == "cuda" and liger is not None:

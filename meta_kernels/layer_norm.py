@@ -39,16 +39,9 @@ def _layer_norm_forward(
 
 
 @torch.library.register_fake("myns::_layer_norm_backward")
-def _layer_norm_backward(
-    grad_out: torch.Tensor,
-    input: torch.Tensor,
-    weight: torch.Tensor | None,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    input_grad: bool,
-    weight_grad: bool,
-    bias_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
+                         rstd: torch.Tensor, input_grad: bool, weight_grad: bool,
+                         bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = "_layer_norm_backward"
     check_layer_norm_input(op, input, weight, None)
     check_elementwise(op, [("input", input), ("grad_out", grad_out)], [input.dtype])

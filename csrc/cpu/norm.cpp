@@ -545,20 +545,9 @@ struct CpuNorm {
     b.kind == NormKind::kLayer ? backward_cpu<true>(b) : backward_cpu<false>(b);
   }
 };
-using Ops = NormOps<CpuNorm>;
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(myns, CPU, m) {
-  m.impl("rms_norm", &Ops::rms_norm);
-  m.impl("_rms_norm_forward", &Ops::rms_norm_forward);
-  m.impl("_rms_norm_backward", &Ops::rms_norm_backward);
-  m.impl("add_rms_norm", &Ops::add_rms_norm);
-  m.impl("_add_rms_norm_forward", &Ops::add_rms_norm_forward);
-  m.impl("_add_rms_norm_backward", &Ops::add_rms_norm_backward);
-  m.impl("layer_norm", &Ops::layer_norm);
-  m.impl("_layer_norm_forward", &Ops::layer_norm_forward);
-  m.impl("_layer_norm_backward", &Ops::layer_norm_backward);
-}
+TORCH_LIBRARY_IMPL(myns, CPU, m) { register_norm_ops<CpuNorm>(m); }
 
 }  // namespace torchops
