@@ -30,6 +30,17 @@ redistributes the inputs that don't match it):
   the index tensors (each block's row offsets restart at 0 and its nonzeros are not an even split of the
   global ones): :func:`shard_csr_rows` builds such blocks and :func:`row_sharded_spmm` multiplies one by a
   DTensor, returning a ``Shard(0)`` DTensor.
+- ``rotary_embedding``, ``_rotary_embedding_backward`` and ``qk_norm_rope`` (q and k ``[batch, heads, seq,
+  head_dim]`` or ``[batch, seq, heads, head_dim]``, per ``unsqueeze_dim``): q and k ``Shard`` of the batch, heads or
+  sequence dimension (alike) -> the same on the outputs, cos and sin sharded alike where they have that dimension
+  (batch or seq larger than 1) and ``Replicate`` otherwise (heads); head_dim is never sharded (redistributed);
+  qk_norm_rope's weights ``Replicate``. The rotation is linear: ``Partial`` q and k give ``Partial`` outputs
+  (not qk_norm_rope, whose norm is not). ``_qk_norm_rope_backward``: the same, its weight gradients ``Partial``
+  while rows are sharded; ``Partial`` incoming gradients (rows replicated) give ``Partial`` outputs.
+- ``rotary_embedding_`` (in place): query and key keep their placements (``Shard(0)``, tokens; ``Shard(1)``, heads,
+  whose local width must hold whole heads; or ``Replicate``), the cache is ``Replicate``. positions must come
+  placed as the tokens are (``Shard(0)`` with them, else ``Replicate``): DTensor takes an op whose name ends in
+  ``_`` to write its first argument, so it never redistributes positions either.
 """
 
 from __future__ import annotations
@@ -274,6 +285,93 @@ def _replicate_only(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
     return rule
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Rotary embeddings: the rows (a head of a token) may be sharded by batch, heads or sequence, never along head_dim.
+
+
+def _rotary_dims(args: _Args) -> tuple[int, int]:
+    """(heads, seq): q's dimensions of each, from unsqueeze_dim (1: [b, h, s, d], 2: [b, s, h, d])."""
+    heads = 2 if args["unsqueeze_dim"] == 2 else 1
+    return heads, 3 - heads
+
+
+def _rotary_splits(args: _Args) -> list[tuple[Placement, Placement]]:
+    """(rows, cos and sin) placements: replicated, or the rows split by batch, heads or sequence with cos and sin
+    split alike where they have that dimension (larger than 1; a size-1 one is broadcast, so replicated)."""
+    heads, seq = _rotary_dims(args)
+    cos = args["cos"].shape
+    return [
+        (Replicate(), Replicate()),
+        (Shard(0), Shard(0) if cos[0] > 1 else Replicate()),
+        (Shard(heads), Replicate()),
+        (Shard(seq), Shard(1) if cos[1] > 1 else Replicate()),
+    ]
+
+
+def _rotary(op: torch._ops.OpOverload, rows: tuple[str, str], linear: bool) -> Callable[..., list[Strategy]]:
+    """rotary_embedding (rows q, k), its backward (grad_q, grad_k) and qk_norm_rope (not linear: weights too)."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        weights = {n: Replicate() for n in ("q_weight", "k_weight") if n in args.values and args.is_tensor(n)}
+
+        def with_(row: Placement, cos: Placement) -> PlacementList:
+            return args.placements({rows[0]: row, rows[1]: row, "cos": cos, "sin": cos, **weights})
+
+        rules: list[Strategy] = [([row, row], with_(row, cos)) for row, cos in _rotary_splits(args)]
+        if linear:
+            rules.append(([Partial(), Partial()], with_(Partial(), Replicate())))
+        return rules
+
+    return rule
+
+
+def _qk_norm_rope_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """(grad_q, grad_k, grad_q_weight, grad_k_weight): rows and incoming gradients split alike, the weights'
+    gradients Partial while rows are split; a placeholder (a gradient not given or not asked for) Replicate."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        given = {s: args.is_tensor(f"grad_{s}_out") for s in "qk"}
+        input_grad, weight_grad = bool(args["input_grad"]), bool(args["weight_grad"])
+        rules: list[Strategy] = []
+
+        def add(row: Placement, cos: Placement, grad: Placement, dweight: Placement) -> None:
+            by: dict[str, Placement] = {f"grad_{s}_out": grad for s in "qk" if given[s]}
+            by.update(q=row, k=row, cos=cos, sin=cos, q_weight=Replicate(), k_weight=Replicate())
+            outs = [grad if given[s] and input_grad else Replicate() for s in "qk"]
+            outs += [dweight if given[s] and weight_grad else Replicate() for s in "qk"]
+            rules.append((outs, args.placements(by)))
+
+        for row, cos in _rotary_splits(args):
+            add(row, cos, row, Replicate() if row == Replicate() else Partial())
+        add(Replicate(), Replicate(), Partial(), Partial())
+        return rules
+
+    return rule
+
+
+def _rotary_inplace(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """rotary_embedding_: query and key written where they are (_keep_mutated_placements drops the rest)."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        has_key = args.is_tensor("key")
+        choices = (Replicate(), Shard(0), Shard(1))
+        rules: list[Strategy] = []
+        for q in choices:
+            for key in choices if has_key else (None,):
+                if has_key and (q == Shard(0)) != (key == Shard(0)):
+                    continue  # a split of the tokens splits the positions, so both or neither
+                by = {"positions": Shard(0) if q == Shard(0) else Replicate(), "query": q, "cos_sin_cache": Replicate()}
+                if has_key:
+                    by["key"] = key
+                rules.append(([], args.placements(by)))
+        return rules
+
+    return rule
+
+
 # The rules of the ops that are not pointwise, by name (pointwise ops get _pointwise); a test fails for a
 # myns op with neither.
 _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]]]] = {
@@ -287,6 +385,11 @@ _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]
     "_csr_spmm_with_transpose": _csr_spmm,
     "_csr_sddmm": _csr_sddmm,
     "_csr_transpose": _replicate_only,
+    "rotary_embedding": lambda op: _rotary(op, ("q", "k"), linear=True),
+    "_rotary_embedding_backward": lambda op: _rotary(op, ("grad_q", "grad_k"), linear=True),
+    "qk_norm_rope": lambda op: _rotary(op, ("q", "k"), linear=False),
+    "_qk_norm_rope_backward": _qk_norm_rope_backward,
+    "rotary_embedding_": _rotary_inplace,
 }
 
 
