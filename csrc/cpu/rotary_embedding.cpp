@@ -160,12 +160,56 @@ void rotate_row(const S* x, D* y, const A* c, const A* s, int64_t rot, int64_t n
 }
 
 // ---------------------------------------------------------------------------------------- positions
-// Runs fn(b, s) for every position, split across cores; `work` elements a position.
+// Work is split across cores in blocks of kBlock positions (a position: one token of one batch entry), whose cos and
+// sin tables stay in L1 while every head of q and k at those positions is rotated. A block's rows are visited in the
+// order of the output's layout: a head's positions one after another for [b, h, s, d] (kBlock consecutive rows),
+// a position's heads for [b, s, h, d]; a position's heads of a [b, h, s, d] output are rows far apart.
+constexpr int64_t kBlock = 16;
+
+struct PositionBlock {
+  int64_t first, count;  // positions [first, first + count)
+};
+
+int64_t blocks_of(int64_t positions) { return (positions + kBlock - 1) / kBlock; }
+
+PositionBlock block_at(int64_t index, int64_t positions) {
+  return {index * kBlock, std::min(kBlock, positions - index * kBlock)};
+}
+
+// fn(block) for every block of positions, split across cores; `work` elements a position.
 template <typename Fn>
-void for_each_position(const RotaryShape& sh, int64_t work, Fn&& fn) {
-  const int64_t positions = sh.batch * sh.seq;
+void for_each_block(int64_t positions, int64_t work, Fn&& fn) {
   if (positions == 0 || work == 0) return;
-  norm_cpu::for_each_row(positions, work, [&](int64_t p) { fn(p / sh.seq, p % sh.seq); });
+  norm_cpu::for_each_row(blocks_of(positions), work * kBlock, [&](int64_t i) { fn(block_at(i, positions)); });
+}
+
+// fn(i, b, h, s) for every head h < heads at every position i of the block (b, s: its batch entry and token), in
+// the order of `out`'s layout.
+template <typename Fn>
+void for_each_row_of(const PositionBlock& blk, int64_t heads, int64_t seq, const HeadRows& out, Fn&& fn) {
+  auto visit = [&](int64_t i, int64_t h) {
+    const int64_t p = blk.first + i;
+    fn(i, p / seq, h, p % seq);
+  };
+  if (out.head_stride >= out.seq_stride) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < blk.count; ++i) visit(i, h);
+    }
+  } else {
+    for (int64_t i = 0; i < blk.count; ++i) {
+      for (int64_t h = 0; h < heads; ++h) visit(i, h);
+    }
+  }
+}
+
+// The block's cos and sin tables: rot values per position, position i at i * rot.
+template <typename T, typename A>
+void fill_block_tables(const CosSinRows& cs, const PositionBlock& blk, int64_t seq, int64_t rot, bool interleaved,
+                       bool transposed, A* c, A* sn) {
+  for (int64_t i = 0; i < blk.count; ++i) {
+    const int64_t p = blk.first + i;
+    fill_tables<T>(cs, p / seq, p % seq, rot, interleaved, transposed, c + i * rot, sn + i * rot);
+  }
 }
 
 template <typename T>
@@ -184,16 +228,18 @@ void rotate_cpu(const RotaryCall& call) {
     using T = scalar_t;
     using A = opmath_t<T>;
     const int64_t rot = sh.rot, n = sh.head_dim;
-    for_each_position(sh, (sh.heads_q + sh.heads_k) * n, [&](int64_t b, int64_t s) {
-      A* c = scratch<A, 0>(rot);
-      A* sn = scratch<A, 1>(rot);
-      fill_tables<T>(call.cs, b, s, rot, call.interleaved, call.transposed, c, sn);
-      for (int64_t h = 0; h < sh.heads_q; ++h) {
-        rotate_row(row_of<T>(call.q, b, h, s), mutable_row_of<T>(call.q_out, b, h, s), c, sn, rot, n, call.interleaved);
-      }
-      for (int64_t h = 0; h < sh.heads_k; ++h) {
-        rotate_row(row_of<T>(call.k, b, h, s), mutable_row_of<T>(call.k_out, b, h, s), c, sn, rot, n, call.interleaved);
-      }
+    for_each_block(sh.batch * sh.seq, (sh.heads_q + sh.heads_k) * n, [&](const PositionBlock& blk) {
+      A* c = scratch<A, 0>(kBlock * rot);
+      A* sn = scratch<A, 1>(kBlock * rot);
+      fill_block_tables<T>(call.cs, blk, sh.seq, rot, call.interleaved, call.transposed, c, sn);
+      auto side = [&](const HeadRows& in, const HeadRows& out, int64_t heads) {
+        for_each_row_of(blk, heads, sh.seq, out, [&](int64_t i, int64_t b, int64_t h, int64_t s) {
+          rotate_row(row_of<T>(in, b, h, s), mutable_row_of<T>(out, b, h, s), c + i * rot, sn + i * rot, rot, n,
+                     call.interleaved);
+        });
+      };
+      side(call.q, call.q_out, sh.heads_q);
+      side(call.k, call.k_out, sh.heads_k);
     });
   });
 }
@@ -279,18 +325,19 @@ void qk_norm_forward_cpu(const QkNormCall& call) {
     const A offset = static_cast<A>(call.weight_offset);
     const W* wq = call.q_weight.const_data_ptr<W>();
     const W* wk = call.k_weight.const_data_ptr<W>();
-    for_each_position(sh, (sh.heads_q + sh.heads_k) * n, [&](int64_t b, int64_t s) {
-      A* c = scratch<A, 0>(rot);
-      A* sn = scratch<A, 1>(rot);
+    for_each_block(sh.batch * sh.seq, (sh.heads_q + sh.heads_k) * n, [&](const PositionBlock& blk) {
+      A* c = scratch<A, 0>(kBlock * rot);
+      A* sn = scratch<A, 1>(kBlock * rot);
       A* normed = scratch<A, 2>(n);
-      fill_tables<T>(r.cs, b, s, rot, r.interleaved, false, c, sn);
+      fill_block_tables<T>(r.cs, blk, sh.seq, rot, r.interleaved, false, c, sn);
       auto side = [&](const HeadRows& in, const HeadRows& out, const W* w, int64_t heads) {
-        for (int64_t h = 0; h < heads; ++h) {
+        for_each_row_of(blk, heads, sh.seq, out, [&](int64_t i, int64_t b, int64_t h, int64_t s) {
           const T* x = row_of<T>(in, b, h, s);
           const A rstd = inverse_rms<A>(sum_of_squares<T, A>(x, n), n, call.eps);
           normalize_row(x, w, rstd, offset, normed, n);
-          rotate_row(static_cast<const A*>(normed), mutable_row_of<T>(out, b, h, s), c, sn, rot, n, r.interleaved);
-        }
+          rotate_row(static_cast<const A*>(normed), mutable_row_of<T>(out, b, h, s), c + i * rot, sn + i * rot, rot, n,
+                     r.interleaved);
+        });
       };
       side(r.q, r.q_out, wq, sh.heads_q);
       side(r.k, r.k_out, wk, sh.heads_k);
@@ -298,21 +345,68 @@ void qk_norm_forward_cpu(const QkNormCall& call) {
   });
 }
 
+// gn * (w + offset) * x summed over a row (gn: the normalised row's gradient, in A), blocked as Squares.
+template <typename T, typename W, typename A>
+struct GradDot {
+  const A* gn;
+  const W* w;
+  const T* x;
+  A offset;
+  A scalar(int64_t j) const { return gn[j] * (static_cast<A>(w[j]) + offset) * static_cast<A>(x[j]); }
+#ifdef TORCHOPS_HAS_AVX2_PATH
+  TORCHOPS_TARGET_AVX2 __m256 operator()(int64_t j) const {
+    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(gn + j), _mm256_add_ps(cpu::load8_as_float(w + j), _mm256_set1_ps(offset)));
+    return _mm256_mul_ps(g, cpu::load8_as_float(x + j));
+  }
+#endif
+};
+
+#ifdef TORCHOPS_HAS_AVX2_PATH
+// dx = rstd * gn * w' - coef * x (when dx), dw += gn * x * rstd (when dw), 8 lanes at a time; returns where the
+// scalar tail starts.
+template <typename T, typename W>
+TORCHOPS_TARGET_AVX2 int64_t norm_backward_avx2(const T* x, const float* gn, const W* w, float offset, float rstd,
+                                                float coef, int64_t n, T* dx, float* dw) {
+  const __m256 vr = _mm256_set1_ps(rstd), vc = _mm256_set1_ps(coef), voff = _mm256_set1_ps(offset);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 g = _mm256_loadu_ps(gn + j), xv = cpu::load8_as_float(x + j);
+    if (dx != nullptr) {
+      const __m256 gw = _mm256_mul_ps(g, _mm256_add_ps(cpu::load8_as_float(w + j), voff));
+      cpu::store8_from_float(dx + j, _mm256_sub_ps(_mm256_mul_ps(vr, gw), _mm256_mul_ps(vc, xv)));
+    }
+    if (dw != nullptr) _mm256_storeu_ps(dw + j, _mm256_fmadd_ps(_mm256_mul_ps(g, xv), vr, _mm256_loadu_ps(dw + j)));
+  }
+  return j;
+}
+#endif
+
 // One row of the backward, from gn = the gradient rotated back (the normalised row's gradient), in A:
 //   rstd from x; d = sum(gn * w' * x); dx = rstd * gn * w' - x * rstd^3 * d / n; dw += gn * x * rstd.
 template <typename T, typename W, typename A>
 void norm_backward_row(const T* x, const A* gn, const W* w, A offset, double eps, int64_t n, T* dx, A* dw) {
   const A rstd = inverse_rms<A>(sum_of_squares<T, A>(x, n), n, eps);
+  GradDot<T, W, A> terms{gn, w, x, offset};
+  bool vectors = false;
   double dot = 0.0;
-  for (int64_t j = 0; j < n; ++j) dot += static_cast<double>(gn[j] * (static_cast<A>(w[j]) + offset) * static_cast<A>(x[j]));
-  const A coef = static_cast<A>(static_cast<double>(rstd) * rstd * rstd * dot / static_cast<double>(n));
-  if (dx != nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      dx[j] = static_cast<T>(rstd * gn[j] * (static_cast<A>(w[j]) + offset) - coef * static_cast<A>(x[j]));
-    }
+#ifdef TORCHOPS_HAS_AVX2_PATH
+  if constexpr (std::is_same_v<A, float>) {
+    vectors = cpu::cpu_has_avx2();
+    if (vectors) dot = norm_cpu::blocked_sum_avx2(terms, n);
   }
-  if (dw != nullptr) {
-    for (int64_t j = 0; j < n; ++j) dw[j] += gn[j] * static_cast<A>(x[j]) * rstd;
+#endif
+  if (!vectors) dot = norm_cpu::blocked_sum_portable<A, false>(terms, n);
+  const A coef = static_cast<A>(static_cast<double>(rstd) * rstd * rstd * dot / static_cast<double>(n));
+  int64_t j = 0;
+#ifdef TORCHOPS_HAS_AVX2_PATH
+  if constexpr (std::is_same_v<A, float>) {
+    if (vectors) j = norm_backward_avx2(x, gn, w, offset, rstd, coef, n, dx, dw);
+  }
+#endif
+  for (; j < n; ++j) {
+    const A xv = static_cast<A>(x[j]);
+    if (dx != nullptr) dx[j] = static_cast<T>(rstd * gn[j] * (static_cast<A>(w[j]) + offset) - coef * xv);
+    if (dw != nullptr) dw[j] += gn[j] * xv * rstd;
   }
 }
 
@@ -333,19 +427,21 @@ void qk_norm_backward_cpu(const QkNormCall& call) {
       HeadRows dx_rows;
       if (grad_in.defined()) dx_rows = head_rows(grad_in, sh);
       W* dw = grad_weight.defined() ? grad_weight.mutable_data_ptr<W>() : nullptr;
+      // The partial rows of the weight's gradient: one per fixed chunk of position blocks (norm_cpu.h).
       norm_cpu::for_each_row_with_column_sums<A>(
-          heads > 0 ? positions : 0, n, dw != nullptr,
-          [&](int64_t p, A* acc) {
-            const int64_t b = p / sh.seq, s = p % sh.seq;
-            A* c = scratch<A, 0>(rot);
-            A* sn = scratch<A, 1>(rot);
+          heads > 0 ? blocks_of(positions) : 0, n, dw != nullptr,
+          [&](int64_t index, A* acc) {
+            const PositionBlock blk = block_at(index, positions);
+            A* c = scratch<A, 0>(kBlock * rot);
+            A* sn = scratch<A, 1>(kBlock * rot);
             A* gn = scratch<A, 2>(n);
-            fill_tables<T>(r.cs, b, s, rot, r.interleaved, true, c, sn);
-            for (int64_t h = 0; h < heads; ++h) {
-              rotate_row(row_of<T>(grad, b, h, s), gn, c, sn, rot, n, r.interleaved);
+            fill_block_tables<T>(r.cs, blk, sh.seq, rot, r.interleaved, true, c, sn);
+            for_each_row_of(blk, heads, sh.seq, grad_in.defined() ? dx_rows : in, [&](int64_t i, int64_t b, int64_t h,
+                                                                                      int64_t s) {
+              rotate_row(row_of<T>(grad, b, h, s), gn, c + i * rot, sn + i * rot, rot, n, r.interleaved);
               T* dx = grad_in.defined() ? mutable_row_of<T>(dx_rows, b, h, s) : nullptr;
               norm_backward_row(row_of<T>(in, b, h, s), gn, w, offset, call.eps, n, dx, acc);
-            }
+            });
           },
           [&](int64_t j, A v) { dw[j] = static_cast<W>(v); });
     };
