@@ -665,7 +665,7 @@ def test_cuda_vector_and_element_paths_agree(interleaved) -> None:
 
 @requires_cuda
 @needs_gpu_memory(40)
-def test_cuda_flat_index_past_2_31() -> None:
+def test_cuda_flat_index_past_pow_31() -> None:
     # Single-element units (rows one element off 16-byte alignment): positions x heads x units > 2^31, the 64-bit
     # index path. A few rows checked against float64.
     h, d = 1, 64

@@ -18,6 +18,8 @@
 // require grad (or carry a tangent), its ADInplaceOrView kernel bumps both versions (under inference_mode too).
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/stack.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
@@ -131,7 +133,7 @@ at::ScalarType compute_dtype(const at::Tensor& t) { return t.scalar_type() == at
 // rotate_half of transformers (interleaved: GPT-J's rotate_every_two): (-x_b, x_a) at (a, b) for every pair.
 at::Tensor rotate_half(const at::Tensor& x, bool interleaved) {
   if (interleaved) {
-    const at::Tensor even = x.slice(-1, 0, c10::nullopt, 2), odd = x.slice(-1, 1, c10::nullopt, 2);
+    const at::Tensor even = x.slice(-1, 0, std::nullopt, 2), odd = x.slice(-1, 1, std::nullopt, 2);
     return at::stack({-odd, even}, -1).flatten(-2);
   }
   const int64_t half = x.size(-1) / 2;

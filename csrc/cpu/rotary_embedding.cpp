@@ -21,6 +21,7 @@
 #include "../core/dispatch.h"
 #include "../core/empty.h"
 #include "../norm/norm_cpu.h"
+#include "../norm/norm.h"
 #include "../rotary/rotary.h"
 #include "../rotary/rotary_math.h"
 #include "../rotary/rotary_ops.h"
@@ -303,21 +304,10 @@ void normalize_row(const T* x, const W* w, A rstd, A offset, A* out, int64_t n) 
   for (; j < n; ++j) out[j] = static_cast<A>(x[j]) * rstd * (static_cast<A>(w[j]) + offset);
 }
 
-// Calls fn(T{}, W{}) for q's dtype T, W = T or float32 (a float32 weight with 16-bit q).
-template <typename Fn>
-void dispatch_weight_types(at::ScalarType dtype, at::ScalarType weight, Fn&& fn) {
-  TORCHOPS_DISPATCH_FLOAT_TYPES(dtype, "qk_norm_rope_cpu", [&] {
-    if constexpr (is_16bit_float<scalar_t>) {
-      if (weight == at::kFloat) return fn(scalar_t{}, float{});
-    }
-    fn(scalar_t{}, scalar_t{});
-  });
-}
-
 void qk_norm_forward_cpu(const QkNormCall& call) {
   const RotaryCall& r = call.rope;
   const RotaryShape& sh = r.shape;
-  dispatch_weight_types(r.q.tensor.scalar_type(), call.q_weight.scalar_type(), [&](auto t_tag, auto w_tag) {
+  dispatch_norm_types(r.q.tensor.scalar_type(), call.q_weight, [&](auto t_tag, auto w_tag) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
     using A = opmath_t<T>;
@@ -413,7 +403,7 @@ void norm_backward_row(const T* x, const A* gn, const W* w, A offset, double eps
 void qk_norm_backward_cpu(const QkNormCall& call) {
   const RotaryCall& r = call.rope;
   const RotaryShape& sh = r.shape;
-  dispatch_weight_types(r.q.tensor.scalar_type(), call.q_weight.scalar_type(), [&](auto t_tag, auto w_tag) {
+  dispatch_norm_types(r.q.tensor.scalar_type(), call.q_weight, [&](auto t_tag, auto w_tag) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
     using A = opmath_t<T>;
@@ -504,11 +494,7 @@ using Ops = RotaryOps<CpuRotary>;
 }  // namespace
 
 TORCH_LIBRARY_IMPL(myns, CPU, m) {
-  m.impl("rotary_embedding", &Ops::rotary_embedding);
-  m.impl("_rotary_embedding_backward", &Ops::rotary_embedding_backward);
-  m.impl("rotary_embedding_", &Ops::rotary_embedding_);
-  m.impl("qk_norm_rope", &Ops::qk_norm_rope);
-  m.impl("_qk_norm_rope_backward", &Ops::qk_norm_rope_backward);
+  Ops::register_kernels(m);
 }
 
 }  // namespace torchops

@@ -27,6 +27,7 @@
 #include "../core/cuda_utils.cuh"
 #include "../core/dispatch.h"
 #include "../core/empty.h"
+#include "../norm/norm.h"
 #include "../rotary/rotary.h"
 #include "../rotary/rotary_math.h"
 #include "../rotary/rotary_ops.h"
@@ -462,8 +463,9 @@ __global__ void qk_norm_rope_forward_kernel(const QkArgs<T, W> a) {
     int64_t off0, off1;
     A squares = 0;
     for (int64_t u = lane; u < a.units; u += a.group) {
-      const int count = load_unit<kInterleaved, kV>(x, u, a.rot_units, a.rot, a.half, e, off0, off1);
-      for (int i = 0; i < count; ++i) squares += e[i] * e[i];
+      load_unit<kInterleaved, kV>(x, u, a.rot_units, a.rot, a.half, e, off0, off1);
+#pragma unroll
+      for (int i = 0; i < 2 * kV; ++i) squares += e[i] * e[i];  // a pass unit's second half is zeros
     }
     squares = group_sum(squares, a.group);
     const A rstd = A(1) / sqrt(squares / static_cast<A>(a.n) + a.eps);  // rms_norm's order: mean, + eps, 1 / sqrt
@@ -531,8 +533,9 @@ __global__ void qk_norm_rope_backward_kernel(const QkArgs<T, W> a) {
     int64_t off0, off1;
     A squares = 0, dot = 0;
     for (int64_t u = lane; u < a.units; u += a.group) {
-      const int count = load_backward_unit<kInterleaved, kV>(a, at, x, g, u, xe, gn, w, off0, off1);
-      for (int i = 0; i < count; ++i) {
+      load_backward_unit<kInterleaved, kV>(a, at, x, g, u, xe, gn, w, off0, off1);
+#pragma unroll
+      for (int i = 0; i < 2 * kV; ++i) {  // a pass unit's second half is zeros
         squares += xe[i] * xe[i];
         dot += gn[i] * w[i] * xe[i];
       }
@@ -550,8 +553,13 @@ __global__ void qk_norm_rope_backward_kernel(const QkArgs<T, W> a) {
         for (int i = 0; i < 2 * kV; ++i) d[i] = rstd * gn[i] * w[i] - coef * xe[i];
         store_unit<T, kV>(dx, off0, off1, count, d);
       }
-      if (weight_grad) {
-        for (int i = 0; i < count; ++i) mine[i < kV ? off0 + i : off1 + i - kV] += static_cast<S>(gn[i] * xe[i] * rstd);
+      if (weight_grad) {  // this lane's columns of the group's row
+#pragma unroll
+        for (int i = 0; i < kV; ++i) mine[off0 + i] += static_cast<S>(gn[i] * xe[i] * rstd);
+        if (count > kV) {
+#pragma unroll
+          for (int i = 0; i < kV; ++i) mine[off1 + i] += static_cast<S>(gn[kV + i] * xe[kV + i] * rstd);
+        }
       }
     }
   }
@@ -574,17 +582,6 @@ __global__ void weight_grad_columns_kernel(const S* partial, int64_t chunks, int
     for (int64_t c = 0; c < chunks; ++c) sum += partial[c * n + col];
     out[col] = static_cast<W>(sum);
   }
-}
-
-// Calls fn(T{}, W{}) for q's dtype T, W = T or float32 (a float32 weight with 16-bit q).
-template <typename Fn>
-void dispatch_weight_types(at::ScalarType dtype, at::ScalarType weight, Fn&& fn) {
-  TORCHOPS_DISPATCH_FLOAT_TYPES(dtype, "qk_norm_rope_cuda", [&] {
-    if constexpr (is_16bit_float<scalar_t>) {
-      if (weight == at::kFloat) return fn(scalar_t{}, float{});
-    }
-    fn(scalar_t{}, scalar_t{});
-  });
 }
 
 // with_vector_size (core/cuda_utils.cuh) over the widths up to kWidest elements only.
@@ -663,7 +660,7 @@ void qk_norm_forward_cuda(const QkNormCall& call) {
   if (rows == 0) return;
   const c10::cuda::CUDAGuard device_guard(call.rope.q.tensor.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_weight_types(call.rope.q.tensor.scalar_type(), call.q_weight.scalar_type(), [&](auto t_tag, auto w_tag) {
+  dispatch_norm_types(call.rope.q.tensor.scalar_type(), call.q_weight, [&](auto t_tag, auto w_tag) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
     with_qk_args<T, W, false>(call, [&](const QkArgs<T, W>& a, auto width, auto interleaved) {
@@ -683,7 +680,7 @@ void qk_norm_backward_cuda(const QkNormCall& call) {
   // A side runs where its output's gradient was given (its grad_*_in and grad_*_weight are then what is wanted).
   const int64_t rows_q = call.grad_q.tensor.defined() ? sh.batch * sh.seq * sh.heads_q : 0;
   const int64_t rows_k = call.grad_k.tensor.defined() ? sh.batch * sh.seq * sh.heads_k : 0;
-  dispatch_weight_types(call.rope.q.tensor.scalar_type(), call.q_weight.scalar_type(), [&](auto t_tag, auto w_tag) {
+  dispatch_norm_types(call.rope.q.tensor.scalar_type(), call.q_weight, [&](auto t_tag, auto w_tag) {
     using T = decltype(t_tag);
     using W = decltype(w_tag);
     using S = GradSum<T>;
@@ -742,11 +739,7 @@ using Ops = RotaryOps<CudaRotary>;
 }  // namespace
 
 TORCH_LIBRARY_IMPL(myns, CUDA, m) {
-  m.impl("rotary_embedding", &Ops::rotary_embedding);
-  m.impl("_rotary_embedding_backward", &Ops::rotary_embedding_backward);
-  m.impl("rotary_embedding_", &Ops::rotary_embedding_);
-  m.impl("qk_norm_rope", &Ops::qk_norm_rope);
-  m.impl("_qk_norm_rope_backward", &Ops::qk_norm_rope_backward);
+  Ops::register_kernels(m);
 }
 
 }  // namespace torchops

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <optional>
 #include <tuple>
@@ -151,6 +152,15 @@ struct RotaryOps {
     call.cache_stride = call.cache.size(0) > 1 ? call.cache.stride(0) : 0;
     call.is_neox = is_neox;
     Backend::rotate_cache(call);
+  }
+
+  // The backend's kernels of every rotary op (in its TORCH_LIBRARY_IMPL block).
+  static void register_kernels(torch::Library& m) {
+    m.impl("rotary_embedding", &rotary_embedding);
+    m.impl("_rotary_embedding_backward", &rotary_embedding_backward);
+    m.impl("rotary_embedding_", &rotary_embedding_);
+    m.impl("qk_norm_rope", &qk_norm_rope);
+    m.impl("_qk_norm_rope_backward", &qk_norm_rope_backward);
   }
 };
 
