@@ -96,6 +96,10 @@ NORM_GRID: tuple[tuple[int, int], ...] = ((4096, 2048), (65536, 1024), (32768, 4
 NORM_SHAPES = tuple(f"{m}x{n}" for m, n in NORM_GRID)
 NORM_PEERS = ("eager", "torch.compile", "liger")
 
+# The rotary ops' shapes on the GPU (bench_rotary_embedding measures them): q's [batch, heads, seq, head_dim].
+ROTARY_TRAIN_SHAPES = ("4x32x4096x128", "8x32x4096x128")
+ROTARY_DECODE_SHAPES = ("1x32x1x128", "8x32x1x128", "64x32x1x128")
+
 _ELEMENTWISE_WALL = "an elementwise op sits at the memory wall, so parity with the best baseline is the physics"
 _CPU_EAGER = "on the CPU every op must at least match eager PyTorch, or it is not worth calling"
 
@@ -173,6 +177,34 @@ BARS: list[Bar] = [
         shapes=NORM_SHAPES, peers=NORM_PEERS),
     Bar("layer_norm", "cuda", "pct_copy", 90.0, ("fwd",), ("bf16", "f32"),
         "the forward reads x once and writes y once: it sits at the memory wall", shapes=NORM_SHAPES),
+    # rotary_embedding (bench_rotary_embedding): q [b, 32, s, 128] and k [b, 8, s, 128] in transformers' layout
+    # (shape labels are q's), bf16; peers: the eager transformers formula, torch.compile of it, Liger-Kernel's
+    # LigerRopeFunction. The issue's 90% of copy is judged where q alone reaches the house's size for that metric
+    # (batch 8); at the batch-4 training shape (160 MiB of q and k) the bench prints it beside the peers.
+    Bar("rotary_embedding", "cuda", "vs best peer", 1.0, ("fwd", "fwd+bwd"), ("bf16",),
+        "the op must be the one a user would pick for training: one pass each way, no copies of the transposed views",
+        shapes=ROTARY_TRAIN_SHAPES, peers=("eager", "torch.compile", "liger")),
+    Bar("rotary_embedding", "cuda", "pct_copy", 90.0, ("fwd", "fwd+bwd"), ("bf16",),
+        "each direction reads q and k once and writes them once (cos and sin are small beside them): the memory wall",
+        shapes=ROTARY_TRAIN_SHAPES),
+    Bar("rotary_embedding", "cuda", "vs liger", 2.0, ("decode fwd",), ("bf16",),
+        "decode rotates a token per sequence: Triton's launch cost dominates Liger there, one lean kernel must show",
+        shapes=ROTARY_DECODE_SHAPES),
+    Bar("rotary_embedding", "cuda", "vs eager", 1.5, ("decode fwd",), ("bf16",),
+        "the eager formula launches a kernel per multiply, negation and concatenation; one launch must show",
+        shapes=ROTARY_DECODE_SHAPES),
+    Bar("rotary_embedding_", "cuda", "pct_copy", 90.0, ("fwd",), ("bf16",),
+        "vLLM's in-place call reads and writes query and key once (a cache row a token): the memory wall",
+        shapes=("16384x4096", "32768x4096")),
+    Bar("qk_norm_rope", "cuda", "vs torch.compile", 1.0, ("fwd+bwd",), ("bf16",),
+        "Inductor fuses the per-head norm and the rotation too: the hand-fused op must be at least as fast",
+        shapes=("4x32x4096x128",)),
+    Bar("qk_norm_rope", "cuda", "vs torchops rms_norm+rotary", 1.3, ("fwd+bwd",), ("bf16",),
+        "fusing saves the normalised q and k a round trip through memory each way: it must show",
+        shapes=("4x32x4096x128",)),
+    Bar("rotary_embedding", "cpu", "vs eager", 1.0, ("fwd", "fwd+bwd"), ("bf16",), _CPU_EAGER,
+        shapes=("1x32x2048x128",)),
+    Bar("qk_norm_rope", "cpu", "vs eager", 1.0, ("fwd", "fwd+bwd"), ("bf16",), _CPU_EAGER, shapes=("1x32x2048x128",)),
     Bar("rms_norm", "cpu", "vs eager", 1.0, ("fwd", "fwd+bwd"), ("bf16", "f32"), _CPU_EAGER),
     Bar("add_rms_norm", "cpu", "vs eager", 1.0, ("fwd", "fwd+bwd"), ("bf16", "f32"), _CPU_EAGER),
     Bar("layer_norm", "cpu", "vs eager", 1.0, ("fwd", "fwd+bwd"), ("bf16", "f32"), _CPU_EAGER),

@@ -211,4 +211,37 @@ TORCH_LIBRARY(myns, m) {
   // Internal: d(sum(grad_loss * loss))/dlogits from the saved lse, in logits' dtype.
   define(m, "_cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int ignore_index, "
             "float label_smoothing, float? softcap) -> Tensor");
+
+  m.set_python_module("torchops._meta_kernels.rotary_embedding");
+  // transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim): (q * cos + rotate_half(q) * sin, the same
+  // for k) over the first rot = cos.size(-1) features, the rest passed through (partial rotary); q and k
+  // [batch, heads, seq, head_dim] (unsqueeze_dim 1) or [batch, seq, heads, head_dim] (2), any strides, their heads
+  // may differ (GQA); cos and sin [1 or batch, 1 or seq, rot]; interleaved: GPT-J's pairs (2i, 2i + 1).
+  // Autocast: promote, like the products of its formula (mul).
+  define(m, "rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, bool interleaved=False) "
+            "-> (Tensor, Tensor)",
+         Cast::kPromote);
+  // Internal: the gradients of q and k from those of rotary_embedding's outputs (the transposed rotation).
+  define(m, "_rotary_embedding_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
+            "bool interleaved=False) -> (Tensor, Tensor)");
+  // vLLM's rotary_embedding: rotates query and key ([tokens, heads * head_size] or [tokens, heads, head_size]) in
+  // place by the row positions[t] of cos_sin_cache ([max_position, rot]: the cos of each pair, then its sin) over
+  // their first rot features; is_neox: the rotate-half layout, else GPT-J's interleaved pairs. Inference only.
+  // Autocast: as is (it writes query and key, which autocast never casts; the cache may be float32).
+  define(m, "rotary_embedding_(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+            "Tensor cos_sin_cache, bool is_neox=True) -> ()",
+         Cast::kAsIs);
+  // rotary_embedding(rms_norm(q, q_weight, eps, weight_offset), rms_norm(k, k_weight, eps, weight_offset), cos, sin,
+  // unsqueeze_dim, interleaved) in one pass per tensor: each head RMS-normalised over head_dim, then rotated (Qwen3,
+  // Gemma 3).
+  // Autocast: the composition's: promote on the CPU (rms_norm is as is there), float32 on CUDA (rms_norm's).
+  define(m, "qk_norm_rope(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, Tensor cos, Tensor sin, "
+            "float eps=1e-06, float weight_offset=0.0, int unsqueeze_dim=1, bool interleaved=False) -> (Tensor, Tensor)",
+         AutocastPolicy{Cast::kPromote, Cast::kFloat32});
+  // Internal: (grad_q, grad_k, grad_q_weight, grad_k_weight); a side's gradients exist where its output's gradient
+  // is given (input_grad: of the input, weight_grad: of the weight), else are [0]-shaped placeholders.
+  define(m, "_qk_norm_rope_backward(Tensor? grad_q_out, Tensor? grad_k_out, Tensor q, Tensor k, Tensor q_weight, "
+            "Tensor k_weight, Tensor cos, Tensor sin, float eps, float weight_offset, int unsqueeze_dim, "
+            "bool interleaved, bool input_grad, bool weight_grad) -> (Tensor grad_q, Tensor grad_k, "
+            "Tensor grad_q_weight, Tensor grad_k_weight)");
 }

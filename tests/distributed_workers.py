@@ -322,6 +322,66 @@ def check_csr_ops(mesh: Any, device: str) -> int:
     return n
 
 
+def check_rotary_ops(mesh: Any, device: str) -> int:
+    """rotary_embedding, qk_norm_rope (forward and backward, through their backward ops) and rotary_embedding_ on
+    q / k split by batch, heads or sequence (cos and sin given replicated: DTensor splits them alike), partial
+    rotary (6 of 8), GQA (8 and 4 heads), both layouts."""
+    import torchops
+    n = 0
+    S0, R, P = Shard(0), Replicate(), Partial()
+    for u in (1, 2):
+        heads, seq = (1, 2) if u == 1 else (2, 1)
+        shape = (lambda h: (4, h, 8, 8)) if u == 1 else (lambda h: (4, 8, h, 8))
+        q, k = rand(*shape(8), device=device), rand(*shape(4), device=device)
+        w = rand(8, device=device)
+        for cos_batch in (1, 4):
+            cos, sin = rand(cos_batch, 8, 6, device=device), rand(cos_batch, 8, 6, device=device)
+
+            def constants() -> tuple[Tensor, Tensor]:
+                return distribute_tensor(cos, mesh, [R]), distribute_tensor(sin, mesh, [R])
+
+            def rope(qq: Tensor, kk: Tensor) -> Any:
+                c, s = constants() if isinstance(qq, DTensor) else (cos, sin)
+                return torchops.apply_rotary_pos_emb(qq, kk, c, s, unsqueeze_dim=u)
+
+            def qk_norm(qq: Tensor, kk: Tensor, wq: Tensor, wk: Tensor) -> Any:
+                c, s = constants() if isinstance(qq, DTensor) else (cos, sin)
+                return torchops.qk_norm_rope(qq, kk, wq, wk, c, s, 1e-5, weight_offset=1.0, unsqueeze_dim=u)
+
+            for p in (S0, Shard(heads), Shard(seq), R):
+                check_against_reference("rotary_embedding", rope, [q, k], [p, p], mesh, out_placements=[p, p])
+                check_against_reference("qk_norm_rope", qk_norm, [q, k, w, w], [p, p, R, R], mesh,
+                                        out_placements=[p, p])
+                # The weights' gradients are sums over the rows: Partial while the rows are split.
+                qd, kd = dt(q, mesh, p, True), dt(k, mesh, p, True)
+                wq, wk = dt(w, mesh, R, True), dt(w, mesh, R, True)
+                sum(o.sum() for o in qk_norm(qd, kd, wq, wk)).backward()
+                assert tuple(wq.grad.placements) == ((R,) if p == R else (P,)), wq.grad.placements
+                n += 2
+            # head_dim split: redistributed (values only); Partial q and k through the linear rotation.
+            check_against_reference("rotary_embedding head_dim split", rope, [q, k], [Shard(3), Shard(3)], mesh)
+            check_against_reference("rotary_embedding", rope, [q, k], [P, P], mesh, out_placements=[P, P])
+            n += 2
+    # In place: query and key stay where they are; the tokens split (positions alike), or the heads.
+    positions = torch.randint(0, 16, (8,), device=device)
+    cache = rand(16, 6, device=device)
+    query, key = rand(8, 64, device=device), rand(8, 4, 8, device=device)
+    want_q, want_k = query.clone(), key.clone()
+    torchops.rotary_embedding_(positions, want_q, want_k, 8, cache)
+    for pq, pk in [(S0, S0), (Shard(1), Shard(1)), (R, R), (Shard(1), R)]:
+        qd, kd = dt(query.clone(), mesh, pq), dt(key.clone(), mesh, pk)  # a replicated one may share memory with it
+        local_q, local_k = qd._local_tensor, kd._local_tensor
+        # positions placed as the tokens are: DTensor never moves the first argument of an op named "..._".
+        pd = distribute_tensor(positions, mesh, [S0 if pq == S0 else R])
+        torchops.rotary_embedding_(pd, qd, kd, 8, distribute_tensor(cache, mesh, [R]))
+        assert tuple(qd.placements) == (pq,) and tuple(kd.placements) == (pk,), (qd.placements, kd.placements)
+        assert qd._local_tensor is local_q and kd._local_tensor is local_k
+        close(qd, want_q, f"rotary_embedding_ query {pq} key {pk}")
+        close(kd, want_k, f"rotary_embedding_ key {pk} query {pq}")
+        n += 1
+    return n
+
+
 # ---------------------------------------------------------------------------------------------------------
 # A LLaMA-style block: sequence-parallel norms, colwise/rowwise linears, swiglu, vector_add residuals.
 
@@ -638,6 +698,7 @@ CHECKS: dict[str, Callable[[Any, str], int]] = {
     "norm": check_norm_ops,
     "layer_norm": check_layer_norm_ops,
     "csr": check_csr_ops,
+    "rotary": check_rotary_ops,
     "tp_block": lambda mesh, device: check_tp_block(mesh, device, compiled=None),
     "tp_block_compiled": lambda mesh, device: check_tp_block(mesh, device, compiled="inductor"),
     "tp_block_aot_eager": lambda mesh, device: check_tp_block(mesh, device, compiled="aot_eager"),

@@ -38,6 +38,17 @@ redistributes the inputs that don't match it):
   count of non-ignored tokens of every shard: the Autograd kernels run it as sharded sums over that count
   (one small all-reduce), so the loss and gradients equal the single-process ones. A sharded
   ``linear_weight`` (vocab-parallel) raises, naming its placement.
+- ``rotary_embedding``, ``_rotary_embedding_backward`` and ``qk_norm_rope`` (q and k ``[batch, heads, seq,
+  head_dim]`` or ``[batch, seq, heads, head_dim]``, per ``unsqueeze_dim``): q and k ``Shard`` of the batch, heads or
+  sequence dimension (alike) -> the same on the outputs, cos and sin sharded alike where they have that dimension
+  (batch or seq larger than 1) and ``Replicate`` otherwise (heads); head_dim is never sharded (redistributed);
+  qk_norm_rope's weights ``Replicate``. The rotation is linear: ``Partial`` q and k give ``Partial`` outputs
+  (not qk_norm_rope, whose norm is not). ``_qk_norm_rope_backward``: the same, its weight gradients ``Partial``
+  while rows are sharded; ``Partial`` incoming gradients (rows replicated) give ``Partial`` outputs.
+- ``rotary_embedding_`` (in place): query and key keep their placements (``Shard(0)``, tokens; ``Shard(1)``, heads,
+  whose local width must hold whole heads; or ``Replicate``), the cache is ``Replicate``. positions must come
+  placed as the tokens are (``Shard(0)`` with them, else ``Replicate``): DTensor takes an op whose name ends in
+  ``_`` to write its first argument, so it never redistributes positions either.
 """
 
 from __future__ import annotations
@@ -330,6 +341,41 @@ def _loss_forward(op: torch._ops.OpOverload, scores: str) -> Callable[..., list[
         if reduction in ("none", "sum"):
             for d in range(args.ndim(scores) - 1):
                 rules.append(([Shard(d) if reduction == "none" else Partial()], by(Shard(d))))
+# Rotary embeddings: the rows (a head of a token) may be sharded by batch, heads or sequence, never along head_dim.
+
+
+def _rotary_dims(args: _Args) -> tuple[int, int]:
+    """(heads, seq): q's dimensions of each, from unsqueeze_dim (1: [b, h, s, d], 2: [b, s, h, d])."""
+    heads = 2 if args["unsqueeze_dim"] == 2 else 1
+    return heads, 3 - heads
+
+
+def _rotary_splits(args: _Args) -> list[tuple[Placement, Placement]]:
+    """(rows, cos and sin) placements: replicated, or the rows split by batch, heads or sequence with cos and sin
+    split alike where they have that dimension (larger than 1; a size-1 one is broadcast, so replicated)."""
+    heads, seq = _rotary_dims(args)
+    cos = args["cos"].shape
+    return [
+        (Replicate(), Replicate()),
+        (Shard(0), Shard(0) if cos[0] > 1 else Replicate()),
+        (Shard(heads), Replicate()),
+        (Shard(seq), Shard(1) if cos[1] > 1 else Replicate()),
+    ]
+
+
+def _rotary(op: torch._ops.OpOverload, rows: tuple[str, str], linear: bool) -> Callable[..., list[Strategy]]:
+    """rotary_embedding (rows q, k), its backward (grad_q, grad_k) and qk_norm_rope (not linear: weights too)."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        weights = {n: Replicate() for n in ("q_weight", "k_weight") if n in args.values and args.is_tensor(n)}
+
+        def with_(row: Placement, cos: Placement) -> PlacementList:
+            return args.placements({rows[0]: row, rows[1]: row, "cos": cos, "sin": cos, **weights})
+
+        rules: list[Strategy] = [([row, row], with_(row, cos)) for row, cos in _rotary_splits(args)]
+        if linear:
+            rules.append(([Partial(), Partial()], with_(Partial(), Replicate())))
         return rules
 
     return rule
@@ -379,6 +425,26 @@ def _linear_cross_entropy_backward(op: torch._ops.OpOverload) -> Callable[..., l
         rules = [add(Replicate(), Replicate(), Replicate(), Replicate())]
         rules += [add(Shard(d), Shard(d), Shard(d), Partial()) for d in range(args.ndim("input") - 1)]
         rules.append(add(Partial(), Replicate(), Partial(), Partial()))
+def _qk_norm_rope_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """(grad_q, grad_k, grad_q_weight, grad_k_weight): rows and incoming gradients split alike, the weights'
+    gradients Partial while rows are split; a placeholder (a gradient not given or not asked for) Replicate."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        given = {s: args.is_tensor(f"grad_{s}_out") for s in "qk"}
+        input_grad, weight_grad = bool(args["input_grad"]), bool(args["weight_grad"])
+        rules: list[Strategy] = []
+
+        def add(row: Placement, cos: Placement, grad: Placement, dweight: Placement) -> None:
+            by: dict[str, Placement] = {f"grad_{s}_out": grad for s in "qk" if given[s]}
+            by.update(q=row, k=row, cos=cos, sin=cos, q_weight=Replicate(), k_weight=Replicate())
+            outs = [grad if given[s] and input_grad else Replicate() for s in "qk"]
+            outs += [dweight if given[s] and weight_grad else Replicate() for s in "qk"]
+            rules.append((outs, args.placements(by)))
+
+        for row, cos in _rotary_splits(args):
+            add(row, cos, row, Replicate() if row == Replicate() else Partial())
+        add(Replicate(), Replicate(), Partial(), Partial())
         return rules
 
     return rule
@@ -398,6 +464,22 @@ def _cross_entropy_rows(op: torch._ops.OpOverload, row_inputs: Sequence[str], n_
         if linear_in is not None:
             by = {n: Partial() if n == linear_in else Replicate() for n in names}
             rules.append(([Partial()] * n_out, args.placements(by)))
+def _rotary_inplace(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """rotary_embedding_: query and key written where they are (_keep_mutated_placements drops the rest)."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        has_key = args.is_tensor("key")
+        choices = (Replicate(), Shard(0), Shard(1))
+        rules: list[Strategy] = []
+        for q in choices:
+            for key in choices if has_key else (None,):
+                if has_key and (q == Shard(0)) != (key == Shard(0)):
+                    continue  # a split of the tokens splits the positions, so both or neither
+                by = {"positions": Shard(0) if q == Shard(0) else Replicate(), "query": q, "cos_sin_cache": Replicate()}
+                if has_key:
+                    by["key"] = key
+                rules.append(([], args.placements(by)))
         return rules
 
     return rule
@@ -427,6 +509,11 @@ _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]
     "_cross_entropy_forward": lambda op: _cross_entropy_rows(op, ("logits", "target"), 2),
     "_cross_entropy_backward": lambda op: _cross_entropy_rows(op, ("grad_loss", "logits", "target", "lse"), 1,
                                                               linear_in="grad_loss"),
+    "rotary_embedding": lambda op: _rotary(op, ("q", "k"), linear=True),
+    "_rotary_embedding_backward": lambda op: _rotary(op, ("grad_q", "grad_k"), linear=True),
+    "qk_norm_rope": lambda op: _rotary(op, ("q", "k"), linear=False),
+    "_qk_norm_rope_backward": _qk_norm_rope_backward,
+    "rotary_embedding_": _rotary_inplace,
 }
 
 

@@ -53,8 +53,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torchops._meta_kernels._checks import INT_DTYPES, message
 from torchops._polyfills import scripted_as, traced_as
 
-__all__ = ["add_rms_norm", "cross_entropy", "csr_spmm", "gelu_and_mul", "layer_norm", "linear_cross_entropy", "rms_norm",
-           "spmm", "swiglu", "vector_add"]
+__all__ = ["add_rms_norm", "apply_rotary_pos_emb", "cross_entropy", "csr_spmm", "gelu_and_mul", "layer_norm",
+           "linear_cross_entropy", "qk_norm_rope", "rms_norm", "rotary_embedding_", "spmm", "swiglu", "vector_add"]
 
 
 def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
@@ -77,6 +77,9 @@ _linear_cross_entropy, _linear_cross_entropy_c = _entries(torch.ops.myns.linear_
 _linear_cross_entropy_chunked, _linear_cross_entropy_chunked_c = _entries(
     torch.ops.myns._linear_cross_entropy_chunked.default)
 _cross_entropy, _cross_entropy_c = _entries(torch.ops.myns.cross_entropy.default)
+_rotary_embedding, _rotary_embedding_c = _entries(torch.ops.myns.rotary_embedding.default)
+_rotary_embedding_inplace, _rotary_embedding_inplace_c = _entries(torch.ops.myns.rotary_embedding_.default)
+_qk_norm_rope, _qk_norm_rope_c = _entries(torch.ops.myns.qk_norm_rope.default)
 
 
 def _reject_none(overload: torch._ops.OpOverload, args: tuple[Any, ...]) -> None:
@@ -615,3 +618,102 @@ def cross_entropy(logits: Tensor, target: Tensor, *, reduction: str = "mean", ig
 def _cross_entropy_traced(logits: Tensor, target: Tensor, *, reduction: str = "mean", ignore_index: int = -100,
                           label_smoothing: float = 0.0, softcap: float | None = None) -> Tensor:
     return _cross_entropy(logits, target, reduction, ignore_index, label_smoothing, softcap)
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
+                         unsqueeze_dim: int = 1, *, interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb``: rotary position embeddings of q and k in one pass.
+
+    Returns ``(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)`` over the first
+    ``rot = cos.shape[-1]`` features of each head (``rotate_half(x) = cat(-x2, x1)`` of its halves), the features
+    past ``rot`` passed through unchanged (partial rotary, as Phi / GLM apply it), cos and sin unsqueezed at
+    ``unsqueeze_dim`` and broadcast as in transformers.
+
+    Args:
+        q, k: ``[batch, heads, seq, head_dim]`` (``unsqueeze_dim=1``) or ``[batch, seq, heads, head_dim]``
+            (``unsqueeze_dim=2``), float16, bfloat16, float32 or float64, same dtype and device; k's heads may
+            differ from q's (GQA). Any strides: the usual ``x.view(b, s, h, d).transpose(1, 2)`` is read in place
+            (a last dimension that is not dense is copied first).
+        cos, sin: ``[1 or batch, 1 or seq, rot]`` of q's dtype, ``rot`` even and at most head_dim; constants (an
+            error if either requires grad: no gradient flows to them).
+        position_ids: accepted and ignored, as in transformers (cos and sin are already per position).
+        unsqueeze_dim: 1 or 2, as above.
+        interleaved: GPT-J's rotate-every-two: pairs ``(2i, 2i + 1)`` with cos and sin in that layout.
+
+    Returns:
+        Two new contiguous tensors of q's and k's shapes and dtype; float16/bfloat16 computed in float32, rounded
+        once.
+
+    Differentiable in q and k (the backward, ``myns::_rotary_embedding_backward``, rotates by the negative angle),
+    to any order and in forward mode, also under ``torch.func``. Works under ``torch.compile``, ``torch.export``,
+    TorchScript (as ``torch.ops.myns.rotary_embedding``) and AOTInductor.
+    """
+    return _rotary_embedding_c(q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+@traced_as(apply_rotary_pos_emb)
+def _apply_rotary_pos_emb_traced(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
+                                 unsqueeze_dim: int = 1, *, interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    return _rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+def rotary_embedding_(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int, cos_sin_cache: Tensor,
+                      is_neox: bool = True) -> None:
+    """vLLM's in-place rotary embedding (``vllm._custom_ops.rotary_embedding``): rotates ``query`` and ``key``.
+
+    Token ``t`` is rotated by row ``positions[t]`` of ``cos_sin_cache``, whose first ``rot / 2`` values are the
+    cos of each pair and the next ``rot / 2`` its sin; only the first ``rot`` features of each head are rotated.
+
+    Args:
+        positions: int64 (or int32) ``[tokens]``.
+        query, key: ``[tokens, heads * head_size]`` or ``[tokens, heads, head_size]``, float16, bfloat16, float32
+            or float64, any token and head strides with a dense last dimension (a slice of a fused qkv projection
+            is rotated where it is); key may be None and may have other heads than query. Written in place; they
+            must not share memory with each other or the cache.
+        head_size: the features of a head.
+        cos_sin_cache: ``[max_position, rot]``, query's dtype or float32 (16-bit query), rot even and at most
+            head_size.
+        is_neox: True for the rotate-half layout (pairs ``(i, i + rot / 2)``), False for GPT-J's interleaved pairs
+            ``(2i, 2i + 1)``.
+
+    Inference only: raises if any tensor requires grad. A position outside ``[0, max_position)`` raises on the
+    CPU (before anything is written); on CUDA, which never synchronises to check, that token is left as it is
+    (nothing is read from the cache for it, nothing written). Works under ``torch.compile``, ``torch.export``,
+    TorchScript (as ``torch.ops.myns.rotary_embedding_``) and AOTInductor.
+    """
+    _rotary_embedding_inplace_c(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@traced_as(rotary_embedding_)
+def _rotary_embedding__traced(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int,
+                              cos_sin_cache: Tensor, is_neox: bool = True) -> None:
+    _rotary_embedding_inplace(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
+                 eps: float = 1e-6, *, weight_offset: float = 0.0, unsqueeze_dim: int = 1,
+                 interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """Per-head RMSNorm of q and k followed by their rotary embedding (Qwen3, Gemma 3), in one pass per tensor.
+
+    Equal to ``apply_rotary_pos_emb(rms_norm(q, q_weight, eps, weight_offset=weight_offset),
+    rms_norm(k, k_weight, eps, weight_offset=weight_offset), cos, sin, unsqueeze_dim=unsqueeze_dim,
+    interleaved=interleaved)``, the normalised values kept in float32 (not rounded) before the rotation.
+
+    Args:
+        q, k, cos, sin, unsqueeze_dim, interleaved: as for :func:`apply_rotary_pos_emb` (head_dim at least 1).
+        q_weight, k_weight: ``[head_dim]`` of q's dtype, or float32 with 16-bit q.
+        eps, weight_offset: as for :func:`rms_norm` (Gemma's ``1 + w`` is ``weight_offset=1.0``).
+
+    Returns:
+        Two new contiguous tensors of q's and k's shapes and dtype.
+
+    Differentiable in q, k, q_weight and k_weight (deterministic weight gradients), to any order under
+    ``create_graph=True`` and in forward mode, also under ``torch.func``. Works under ``torch.compile``,
+    ``torch.export``, TorchScript (as ``torch.ops.myns.qk_norm_rope``) and AOTInductor.
+    """
+    return _qk_norm_rope_c(q, k, q_weight, k_weight, cos, sin, eps, weight_offset, unsqueeze_dim, interleaved)
+
+
+@traced_as(qk_norm_rope)
+def _qk_norm_rope_traced(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
+                         eps: float = 1e-6, *, weight_offset: float = 0.0, unsqueeze_dim: int = 1,
+                         interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, weight_offset, unsqueeze_dim, interleaved)
