@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -250,14 +251,15 @@ void rotate_cpu(const RotaryCall& call) {
 template <typename T, typename A>
 struct Squares {
   const T* x;
-  A scalar(int64_t j) const {
-    const A v = static_cast<A>(x[j]);
-    return v * v;
+  template <typename V>
+  std::array<V, 1> at(int64_t j) const {
+    const V v = static_cast<V>(x[j]);
+    return {v * v};
   }
 #ifdef TORCHOPS_HAS_AVX2_PATH
-  TORCHOPS_TARGET_AVX2 __m256 operator()(int64_t j) const {
+  TORCHOPS_TARGET_AVX2 norm_cpu::Sums8<1> operator()(int64_t j) const {
     const __m256 v = cpu::load8_as_float(x + j);
-    return _mm256_mul_ps(v, v);
+    return {{_mm256_mul_ps(v, v)}};
   }
 #endif
 };
@@ -267,10 +269,10 @@ double sum_of_squares(const T* x, int64_t n) {
   Squares<T, A> terms{x};
 #ifdef TORCHOPS_HAS_AVX2_PATH
   if constexpr (std::is_same_v<A, float>) {
-    if (cpu::cpu_has_avx2()) return norm_cpu::blocked_sum_avx2(terms, n);
+    if (cpu::cpu_has_avx2()) return norm_cpu::blocked_sums_avx2<1>(terms, n)[0];
   }
 #endif
-  return norm_cpu::blocked_sum_portable<A, false>(terms, n);
+  return norm_cpu::blocked_sums_portable<A, 1, false>(terms, n)[0];
 }
 
 // rms_norm's inverse RMS of a row: mean, + eps, then 1 / sqrt, in the working precision.
@@ -342,11 +344,14 @@ struct GradDot {
   const W* w;
   const T* x;
   A offset;
-  A scalar(int64_t j) const { return gn[j] * (static_cast<A>(w[j]) + offset) * static_cast<A>(x[j]); }
+  template <typename V>
+  std::array<V, 1> at(int64_t j) const {
+    return {static_cast<V>(gn[j]) * (static_cast<V>(w[j]) + static_cast<V>(offset)) * static_cast<V>(x[j])};
+  }
 #ifdef TORCHOPS_HAS_AVX2_PATH
-  TORCHOPS_TARGET_AVX2 __m256 operator()(int64_t j) const {
+  TORCHOPS_TARGET_AVX2 norm_cpu::Sums8<1> operator()(int64_t j) const {
     const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(gn + j), _mm256_add_ps(cpu::load8_as_float(w + j), _mm256_set1_ps(offset)));
-    return _mm256_mul_ps(g, cpu::load8_as_float(x + j));
+    return {{_mm256_mul_ps(g, cpu::load8_as_float(x + j))}};
   }
 #endif
 };
@@ -382,10 +387,10 @@ void norm_backward_row(const T* x, const A* gn, const W* w, A offset, double eps
 #ifdef TORCHOPS_HAS_AVX2_PATH
   if constexpr (std::is_same_v<A, float>) {
     vectors = cpu::cpu_has_avx2();
-    if (vectors) dot = norm_cpu::blocked_sum_avx2(terms, n);
+    if (vectors) dot = norm_cpu::blocked_sums_avx2<1>(terms, n)[0];
   }
 #endif
-  if (!vectors) dot = norm_cpu::blocked_sum_portable<A, false>(terms, n);
+  if (!vectors) dot = norm_cpu::blocked_sums_portable<A, 1, false>(terms, n)[0];
   const A coef = static_cast<A>(static_cast<double>(rstd) * rstd * rstd * dot / static_cast<double>(n));
   int64_t j = 0;
 #ifdef TORCHOPS_HAS_AVX2_PATH
