@@ -424,7 +424,7 @@ void qk_norm_backward_cpu(const QkNormCall& call) {
       W* dw = grad_weight.defined() ? grad_weight.mutable_data_ptr<W>() : nullptr;
       // The partial rows of the weight's gradient: one per fixed chunk of position blocks (norm_cpu.h).
       norm_cpu::for_each_row_with_column_sums<A>(
-          heads > 0 ? blocks_of(positions) : 0, n, dw != nullptr,
+          heads > 0 ? blocks_of(positions) : 0, n, dw != nullptr ? n : 0,
           [&](int64_t index, A* acc) {
             const PositionBlock blk = block_at(index, positions);
             A* c = scratch<A, 0>(kBlock * rot);
@@ -438,7 +438,7 @@ void qk_norm_backward_cpu(const QkNormCall& call) {
               norm_backward_row(row_of<T>(in, b, h, s), gn, w, offset, call.eps, n, dx, acc);
             });
           },
-          [&](int64_t j, A v) { dw[j] = static_cast<W>(v); });
+          [&](int64_t j, double v) { dw[j] = static_cast<W>(v); });
     };
     side(r.q, call.grad_q, call.q_weight, call.grad_q_in, call.grad_q_weight, sh.heads_q);
     side(r.k, call.grad_k, call.k_weight, call.grad_k_in, call.grad_k_weight, sh.heads_k);
