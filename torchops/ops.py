@@ -54,7 +54,8 @@ from torchops._meta_kernels._checks import INT_DTYPES, message
 from torchops._polyfills import scripted_as, traced_as
 
 __all__ = ["add_rms_norm", "apply_rotary_pos_emb", "cross_entropy", "csr_spmm", "gelu_and_mul", "layer_norm",
-           "linear_cross_entropy", "qk_norm_rope", "rms_norm", "rotary_embedding_", "spmm", "swiglu", "vector_add"]
+           "linear_cross_entropy", "qk_norm_rope", "rms_norm", "rotary_embedding", "rotary_embedding_", "spmm",
+           "swiglu", "vector_add"]
 
 
 def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
@@ -618,14 +619,13 @@ def cross_entropy(logits: Tensor, target: Tensor, *, reduction: str = "mean", ig
 def _cross_entropy_traced(logits: Tensor, target: Tensor, *, reduction: str = "mean", ignore_index: int = -100,
                           label_smoothing: float = 0.0, softcap: float | None = None) -> Tensor:
     return _cross_entropy(logits, target, reduction, ignore_index, label_smoothing, softcap)
-def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
-                         unsqueeze_dim: int = 1, *, interleaved: bool = False) -> tuple[Tensor, Tensor]:
-    """transformers' ``apply_rotary_pos_emb``: rotary position embeddings of q and k in one pass.
-
-    Returns ``(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)`` over the first
-    ``rot = cos.shape[-1]`` features of each head (``rotate_half(x) = cat(-x2, x1)`` of its halves), the features
-    past ``rot`` passed through unchanged (partial rotary, as Phi / GLM apply it), cos and sin unsqueezed at
-    ``unsqueeze_dim`` and broadcast as in transformers.
+@scripted_as(_rotary_embedding)
+def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,
+                     interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """Rotary position embeddings of q and k in one pass: ``(q * cos + rotate_half(q) * sin, k * cos +
+    rotate_half(k) * sin)`` over the first ``rot = cos.shape[-1]`` features of each head, the features past
+    ``rot`` passed through unchanged (partial rotary, as Phi / GLM apply it), cos and sin unsqueezed at
+    ``unsqueeze_dim`` and broadcast as in transformers (``rotate_half(x) = cat(-x2, x1)`` of its halves).
 
     Args:
         q, k: ``[batch, heads, seq, head_dim]`` (``unsqueeze_dim=1``) or ``[batch, seq, heads, head_dim]``
@@ -634,7 +634,6 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positio
             (a last dimension that is not dense is copied first).
         cos, sin: ``[1 or batch, 1 or seq, rot]`` of q's dtype, ``rot`` even and at most head_dim; constants (an
             error if either requires grad: no gradient flows to them).
-        position_ids: accepted and ignored, as in transformers (cos and sin are already per position).
         unsqueeze_dim: 1 or 2, as above.
         interleaved: GPT-J's rotate-every-two: pairs ``(2i, 2i + 1)`` with cos and sin in that layout.
 
@@ -644,17 +643,39 @@ def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positio
 
     Differentiable in q and k (the backward, ``myns::_rotary_embedding_backward``, rotates by the negative angle),
     to any order and in forward mode, also under ``torch.func``. Works under ``torch.compile``, ``torch.export``,
-    TorchScript (as ``torch.ops.myns.rotary_embedding``) and AOTInductor.
+    TorchScript and AOTInductor. :func:`apply_rotary_pos_emb` takes transformers' arguments.
     """
-    return _rotary_embedding_c(q, k, cos, sin, unsqueeze_dim, interleaved)
+    try:
+        return _rotary_embedding_c(q, k, cos, sin, unsqueeze_dim, interleaved)
+    except RuntimeError:
+        return _failed(_rotary_embedding_c, _rotary_embedding, q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+@traced_as(rotary_embedding)
+def _rotary_embedding_traced(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,
+                             interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    return _rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
+                         unsqueeze_dim: int = 1, interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``: a drop-in for
+    it, :func:`rotary_embedding` with transformers' arguments. ``position_ids`` is accepted and ignored, as in
+    transformers (cos and sin are already per position). TorchScript compiles it as :func:`rotary_embedding`.
+    """
+    if torch.jit.is_scripting():  # TorchScript compiles this branch alone
+        return torch.ops.myns.rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+    else:
+        return rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
 
 
 @traced_as(apply_rotary_pos_emb)
 def _apply_rotary_pos_emb_traced(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
-                                 unsqueeze_dim: int = 1, *, interleaved: bool = False) -> tuple[Tensor, Tensor]:
+                                 unsqueeze_dim: int = 1, interleaved: bool = False) -> tuple[Tensor, Tensor]:
     return _rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
 
 
+@scripted_as(_rotary_embedding_inplace)
 def rotary_embedding_(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int, cos_sin_cache: Tensor,
                       is_neox: bool = True) -> None:
     """vLLM's in-place rotary embedding (``vllm._custom_ops.rotary_embedding``): rotates ``query`` and ``key``.
@@ -679,7 +700,11 @@ def rotary_embedding_(positions: Tensor, query: Tensor, key: Tensor | None, head
     (nothing is read from the cache for it, nothing written). Works under ``torch.compile``, ``torch.export``,
     TorchScript (as ``torch.ops.myns.rotary_embedding_``) and AOTInductor.
     """
-    _rotary_embedding_inplace_c(positions, query, key, head_size, cos_sin_cache, is_neox)
+    try:
+        _rotary_embedding_inplace_c(positions, query, key, head_size, cos_sin_cache, is_neox)
+    except RuntimeError:
+        _failed(_rotary_embedding_inplace_c, _rotary_embedding_inplace, positions, query, key, head_size,
+                cos_sin_cache, is_neox)
 
 
 @traced_as(rotary_embedding_)
@@ -688,17 +713,18 @@ def _rotary_embedding__traced(positions: Tensor, query: Tensor, key: Tensor | No
     _rotary_embedding_inplace(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
+@scripted_as(_qk_norm_rope)
 def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
                  eps: float = 1e-6, *, weight_offset: float = 0.0, unsqueeze_dim: int = 1,
                  interleaved: bool = False) -> tuple[Tensor, Tensor]:
     """Per-head RMSNorm of q and k followed by their rotary embedding (Qwen3, Gemma 3), in one pass per tensor.
 
-    Equal to ``apply_rotary_pos_emb(rms_norm(q, q_weight, eps, weight_offset=weight_offset),
+    Equal to ``rotary_embedding(rms_norm(q, q_weight, eps, weight_offset=weight_offset),
     rms_norm(k, k_weight, eps, weight_offset=weight_offset), cos, sin, unsqueeze_dim=unsqueeze_dim,
     interleaved=interleaved)``, the normalised values kept in float32 (not rounded) before the rotation.
 
     Args:
-        q, k, cos, sin, unsqueeze_dim, interleaved: as for :func:`apply_rotary_pos_emb` (head_dim at least 1).
+        q, k, cos, sin, unsqueeze_dim, interleaved: as for :func:`rotary_embedding` (head_dim at least 1).
         q_weight, k_weight: ``[head_dim]`` of q's dtype, or float32 with 16-bit q.
         eps, weight_offset: as for :func:`rms_norm` (Gemma's ``1 + w`` is ``weight_offset=1.0``).
 
@@ -709,7 +735,11 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: 
     ``create_graph=True`` and in forward mode, also under ``torch.func``. Works under ``torch.compile``,
     ``torch.export``, TorchScript (as ``torch.ops.myns.qk_norm_rope``) and AOTInductor.
     """
-    return _qk_norm_rope_c(q, k, q_weight, k_weight, cos, sin, eps, weight_offset, unsqueeze_dim, interleaved)
+    try:
+        return _qk_norm_rope_c(q, k, q_weight, k_weight, cos, sin, eps, weight_offset, unsqueeze_dim, interleaved)
+    except RuntimeError:
+        return _failed(_qk_norm_rope_c, _qk_norm_rope, q, k, q_weight, k_weight, cos, sin, eps, weight_offset,
+                       unsqueeze_dim, interleaved)
 
 
 @traced_as(qk_norm_rope)
