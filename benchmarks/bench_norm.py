@@ -29,22 +29,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
-
-if __package__ in (None, ""):  # run as a file: make `benchmarks` (and an in-place-built `torchops`) importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks import harness as H
+from benchmarks.harness import COMPILED, EAGER, IMPL, LIGER
 from benchmarks.bars import NORM_GRID
 
-BASELINE = "eager"
-COMPILED = "torch.compile"
-LIGER = "liger"
-IMPL = "torchops"
 RMS_EPS = 1e-6
 LN_EPS = 1e-5  # F.layer_norm's default
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5, torch.float64: 1e-10}
@@ -164,7 +157,7 @@ def _measure(name: str, op: NormOp, impls: dict[str, Callable], t: dict[str, tor
     # backward, for one, is ~7% of dweight's scale off float64).
     wide = tuple(x.to(torch.float64, copy=True).requires_grad_() for x in inputs)
     for impl, fn in impls.items():
-        if impl == BASELINE:
+        if impl == EAGER:
             continue
         ref_args, ref_grad_out = (wide, tuple(g.double() for g in grads)) if impl == IMPL else (leaves, grads)
         outs = _as_tuple(op.eager(n, *ref_args))
@@ -197,8 +190,8 @@ def _measure(name: str, op: NormOp, impls: dict[str, Callable], t: dict[str, tor
               f"vs {peers}", file=sys.stderr, flush=True)
         for impl, ms in times.items():
             res = H.bandwidth_result(op=name, case=case, dtype=dtype, shape=shape, numel=m * n, impl=impl,
-                                     device=args.device, ms=ms, nbytes=nbytes, copy_ms=copy_ms, baseline=BASELINE,
-                                     baseline_ms=times[BASELINE])
+                                     device=args.device, ms=ms, nbytes=nbytes, copy_ms=copy_ms, baseline=EAGER,
+                                     baseline_ms=times[EAGER])
             for peer in (COMPILED, LIGER):
                 if peer in times:
                     res.extra[f"speedup_vs_{peer}"] = times[peer] / ms
@@ -216,7 +209,7 @@ def bench(args: argparse.Namespace, liger: dict[str, Any] | None) -> Iterator[H.
             t = {a: H.rand((n,) if a in ("w", "b") else (m, n), dtype, args.device) for a in sorted(needed)}
             for name, op in ops.items():
                 eager = _eager(op, n)
-                impls: dict[str, Callable] = {BASELINE: eager, IMPL: op.ours(torchops)}
+                impls: dict[str, Callable] = {EAGER: eager, IMPL: op.ours(torchops)}
                 if gpu and not args.no_compile:
                     impls[COMPILED] = torch.compile(eager, dynamic=False)
                 if liger is not None:

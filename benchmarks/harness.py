@@ -35,6 +35,9 @@ import torch
 
 from benchmarks import bars as bar_table
 
+# The names of the implementations a bench's rows compare (Result.impl; bars.py names them too).
+IMPL, EAGER, COMPILED, LIGER = "torchops", "eager", "torch.compile", "liger"
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 DTYPES: dict[str, torch.dtype] = {

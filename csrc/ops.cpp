@@ -196,4 +196,83 @@ TORCH_LIBRARY(myns, m) {
   define(m, "_layer_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor mean, Tensor rstd, "
             "bool input_grad, bool weight_grad, bool bias_grad) -> (Tensor grad_input, Tensor grad_weight, "
             "Tensor grad_bias)");
+
+  m.set_python_module("torchops._meta_kernels.linear_cross_entropy");
+  // F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, reduction=reduction,
+  // ignore_index=ignore_index, label_smoothing=label_smoothing) over the last dimension (the logits capped to
+  // softcap * tanh(logits / softcap) when softcap is given), without ever holding all the logits: a chunk of
+  // tokens at a time, the softmax in float32 (float64 for float64). input (..., H); linear_weight (V, H);
+  // target of input's leading shape, int32 or int64; linear_bias (V). A target outside [0, V) other than
+  // ignore_index raises on the CPU and gives a NaN loss (and no gradient) on CUDA.
+  // Autocast: lower precision, like linear (the softmax runs in float32 regardless).
+  define(m, "linear_cross_entropy(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias=None, "
+            "str reduction=\"mean\", int ignore_index=-100, float label_smoothing=0.0, float? softcap=None) -> Tensor",
+         Cast::kLowerPrecision);
+  // Internal: linear_cross_entropy with chunk_size tokens a chunk (0: chosen from the sizes), what
+  // torchops.linear_cross_entropy(..., chunk_size=) calls; the same autocast policy.
+  define(m, "_linear_cross_entropy_chunked(Tensor input, Tensor linear_weight, Tensor target, "
+            "Tensor? linear_bias=None, str reduction=\"mean\", int ignore_index=-100, float label_smoothing=0.0, "
+            "float? softcap=None, int chunk_size=0) -> Tensor",
+         Cast::kLowerPrecision);
+  // Internal, for autograd: the per-token losses (target's shape; float32, float64 for float64) and, where
+  // asked, the gradients of grad_scale * loss.sum() (grad_scale absent: 1) from the same chunks; an output not
+  // asked for is a [0]-shaped placeholder.
+  define(m, "_linear_cross_entropy_forward(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, "
+            "int ignore_index, float label_smoothing, float? softcap, Tensor? grad_scale, bool input_grad, "
+            "bool weight_grad, bool bias_grad, int chunk_size=0) -> (Tensor loss, Tensor grad_input, "
+            "Tensor grad_weight, Tensor grad_bias)");
+  // Internal: the gradients of sum(grad_loss * loss) for any grad_loss of target's shape, the logits
+  // recomputed chunk by chunk; outputs not asked for are [0]-shaped placeholders.
+  define(m, "_linear_cross_entropy_backward(Tensor grad_loss, Tensor input, Tensor linear_weight, Tensor target, "
+            "Tensor? linear_bias, int ignore_index, float label_smoothing, float? softcap, bool input_grad, "
+            "bool weight_grad, bool bias_grad, int chunk_size=0) -> (Tensor grad_input, Tensor grad_weight, "
+            "Tensor grad_bias)");
+  // F.cross_entropy over the last dimension of logits (..., V) (the class dimension is the last one, whatever
+  // the rank), target of logits' leading shape, int32 or int64; one pass forward and one backward, in float32
+  // for 16-bit logits (float64 for float64) without a float32 copy of them. Options and invalid targets as
+  // linear_cross_entropy's.
+  // Autocast: as is (the math is float32 already; casting would copy the logits).
+  define(m, "cross_entropy(Tensor logits, Tensor target, str reduction=\"mean\", int ignore_index=-100, "
+            "float label_smoothing=0.0, float? softcap=None) -> Tensor",
+         Cast::kAsIs);
+  // Internal, for autograd: the per-token losses and each row's log-sum-exp (target's shape; float32, float64
+  // for float64).
+  define(m, "_cross_entropy_forward(Tensor logits, Tensor target, int ignore_index, float label_smoothing, "
+            "float? softcap) -> (Tensor loss, Tensor lse)");
+  // Internal: d(sum(grad_loss * loss))/dlogits from the saved lse, in logits' dtype.
+  define(m, "_cross_entropy_backward(Tensor grad_loss, Tensor logits, Tensor target, Tensor lse, int ignore_index, "
+            "float label_smoothing, float? softcap) -> Tensor");
+
+  m.set_python_module("torchops._meta_kernels.rotary_embedding");
+  // transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim): (q * cos + rotate_half(q) * sin, the same
+  // for k) over the first rot = cos.size(-1) features, the rest passed through (partial rotary); q and k
+  // [batch, heads, seq, head_dim] (unsqueeze_dim 1) or [batch, seq, heads, head_dim] (2), any strides, their heads
+  // may differ (GQA); cos and sin [1 or batch, 1 or seq, rot]; interleaved: GPT-J's pairs (2i, 2i + 1).
+  // Autocast: promote, like the products of its formula (mul).
+  define(m, "rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, bool interleaved=False) "
+            "-> (Tensor, Tensor)",
+         Cast::kPromote);
+  // Internal: the gradients of q and k from those of rotary_embedding's outputs (the transposed rotation).
+  define(m, "_rotary_embedding_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
+            "bool interleaved=False) -> (Tensor, Tensor)");
+  // vLLM's rotary_embedding: rotates query and key ([tokens, heads * head_size] or [tokens, heads, head_size]) in
+  // place by the row positions[t] of cos_sin_cache ([max_position, rot]: the cos of each pair, then its sin) over
+  // their first rot features; is_neox: the rotate-half layout, else GPT-J's interleaved pairs. Inference only.
+  // Autocast: as is (it writes query and key, which autocast never casts; the cache may be float32).
+  define(m, "rotary_embedding_(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+            "Tensor cos_sin_cache, bool is_neox=True) -> ()",
+         Cast::kAsIs);
+  // rotary_embedding(rms_norm(q, q_weight, eps, weight_offset), rms_norm(k, k_weight, eps, weight_offset), cos, sin,
+  // unsqueeze_dim, interleaved) in one pass per tensor: each head RMS-normalised over head_dim, then rotated (Qwen3,
+  // Gemma 3).
+  // Autocast: the composition's: promote on the CPU (rms_norm is as is there), float32 on CUDA (rms_norm's).
+  define(m, "qk_norm_rope(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, Tensor cos, Tensor sin, "
+            "float eps=1e-06, float weight_offset=0.0, int unsqueeze_dim=1, bool interleaved=False) -> (Tensor, Tensor)",
+         AutocastPolicy{Cast::kPromote, Cast::kFloat32});
+  // Internal: (grad_q, grad_k, grad_q_weight, grad_k_weight); a side's gradients exist where its output's gradient
+  // is given (input_grad: of the input, weight_grad: of the weight), else are [0]-shaped placeholders.
+  define(m, "_qk_norm_rope_backward(Tensor? grad_q_out, Tensor? grad_k_out, Tensor q, Tensor k, Tensor q_weight, "
+            "Tensor k_weight, Tensor cos, Tensor sin, float eps, float weight_offset, int unsqueeze_dim, "
+            "bool interleaved, bool input_grad, bool weight_grad) -> (Tensor grad_q, Tensor grad_k, "
+            "Tensor grad_q_weight, Tensor grad_k_weight)");
 }

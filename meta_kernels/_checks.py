@@ -82,6 +82,26 @@ MESSAGES: dict[str, str] = {
     "stat_shape_dtype": "{stat} must have shape {shape} ({x}'s leading dimensions) and dtype {dtype}, got shape "
                         "{got_shape} and dtype {got_dtype}",
     "weight_grad_without_weight": "weight_grad is true but weight is None",
+    # rotary embeddings (csrc/rotary/rotary.cpp)
+    "unsqueeze_dim": "unsqueeze_dim must be 1 (q and k [batch, heads, seq, head_dim]) or 2 ([batch, seq, heads, "
+                     "head_dim]), got {got}",
+    "rotary_4d": "{x} must be 4-D, {layout} (unsqueeze_dim={unsqueeze_dim}), got shape {shape}",
+    "rotary_heads_only": "{y} must have {x}'s shape but for the heads (dimension {dim}), got {x_shape} and {y_shape}",
+    "rotary_cos_shape": "{x} must be [1 or batch, 1 or seq, rot] = [1 or {batch}, 1 or {seq}, rot], got shape {shape}",
+    "rotary_dim": "{x}'s last dimension (the rotary dimension) must be even and at most {limit} ({n}), got {rot}",
+    "rotary_heads": "{x} must be [tokens, heads * head_size] or [tokens, heads, head_size] with head_size = "
+                    "{head_size} >= 1, got shape {shape}",
+    "rotary_tokens": "{x} must have a row per position ({tokens}), got shape {shape}",
+    "rotary_inner_stride": "{x}'s last dimension must be dense (stride 1): it is rotated in place, got strides "
+                           "{strides}",
+    # raised by the Autograd kernels (csrc/autograd/rotary_embedding.cpp), fake tensors included
+    "rotary_constant": "cos and sin are constants (no gradient flows to them), but {x} {why}; pass {x}.detach()",
+    "rotary_inference_only": "it rotates query and key in place and records no gradient (inference only), but {x} "
+                             "{why}",
+    # rotary_embedding_'s memory and positions: read from the tensors' storage and data, so real kernels only (the
+    # positions' range on the CPU only: CUDA never reads out of bounds, see torchops.rotary_embedding_)
+    "rotary_same_memory": "query and key are the same memory: each is rotated in place, so they must not share any",
+    "rotary_position": "positions must lie in [0, {max}) (the rows of cos_sin_cache), got positions[{i}] = {got}",
     # CSR (csrc/csr/csr.cpp)
     "one_d": "{x} must be 1-D, got shape {shape}",
     "two_d": "{x} must be 2-D, got shape {shape}",
@@ -108,6 +128,19 @@ MESSAGES: dict[str, str] = {
     "crow_decreasing": "crow_indices must be non-decreasing, got crow_indices[{i}] = {a} > crow_indices[{j}] = {b}",
     "crow_last": "crow_indices[-1] must equal nnz = {nnz} (the length of {of}), got {got}",
     "col_out_of_range": "col_indices must lie in [0, K) with K = {K}, got col_indices[{p}] = {got}",
+    # losses (csrc/loss/loss.cpp)
+    "in_features": "linear_weight must have {h} columns ({x}'s last dimension), got shape {shape}",
+    "no_classes": "{x} holds no classes (its {dim} dimension is empty), got shape {shape}",
+    "target_shape": "target must have shape {shape} ({x}'s leading dimensions), got shape {got}",
+    "bias_shape": "linear_bias must be 1-D of size {n} (linear_weight's rows), got shape {shape}",
+    "label_smoothing": "label_smoothing must lie in [0, 1], got {got}",
+    "softcap": "softcap must be positive and finite, got {got}",
+    "reduction": "reduction must be 'none', 'mean' or 'sum', got '{got}'",
+    "chunk_size": "chunk_size must be non-negative (0: chosen from the sizes), got {got}",
+    "zero_dim": "{x} must be a 0-dim tensor, got shape {shape}",
+    "bias_grad_without_bias": "bias_grad is true but linear_bias is None",
+    # loss targets: read from the data, so raised by the CPU kernels only, never by fake kernels
+    "target_range": "target must lie in [0, {n}) or equal ignore_index ({ignore_index}), got {got} at index {i}",
 }
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check, check_elementwise, same_device, same_dtype
-from .rms_norm import check_norm_input, check_norm_param, stat_dtype
+from ._checks import check, check_elementwise, same_dtype
+from .rms_norm import check_norm_input, check_norm_param, check_norm_stat, stat_dtype
 
 
 def check_layer_norm_input(op: str, input: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> None:
@@ -19,14 +19,6 @@ def check_layer_norm_input(op: str, input: torch.Tensor, weight: torch.Tensor | 
         check_norm_param(op, ("input", input), ("bias", bias))
     if weight is not None and bias is not None:
         same_dtype(op, ("weight", weight), ("bias", bias))
-
-
-def _check_stat(op: str, input: torch.Tensor, name: str, stat: torch.Tensor) -> None:
-    same_device(op, ("input", input), (name, stat))
-    leading = list(input.shape[:-1])
-    want = stat_dtype(input.dtype)
-    check(list(stat.shape) == leading and stat.dtype == want, op, "stat_shape_dtype", stat=name, shape=leading,
-          x="input", dtype=want, got_shape=list(stat.shape), got_dtype=stat.dtype)
 
 
 @torch.library.register_fake("myns::layer_norm")
@@ -47,21 +39,14 @@ def _layer_norm_forward(
 
 
 @torch.library.register_fake("myns::_layer_norm_backward")
-def _layer_norm_backward(
-    grad_out: torch.Tensor,
-    input: torch.Tensor,
-    weight: torch.Tensor | None,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    input_grad: bool,
-    weight_grad: bool,
-    bias_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _layer_norm_backward(grad_out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None, mean: torch.Tensor,
+                         rstd: torch.Tensor, input_grad: bool, weight_grad: bool,
+                         bias_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     op = "_layer_norm_backward"
     check_layer_norm_input(op, input, weight, None)
     check_elementwise(op, [("input", input), ("grad_out", grad_out)], [input.dtype])
-    _check_stat(op, input, "mean", mean)
-    _check_stat(op, input, "rstd", rstd)
+    check_norm_stat(op, ("input", input), ("mean", mean))
+    check_norm_stat(op, ("input", input), ("rstd", rstd))
     check(not weight_grad or weight is not None, op, "weight_grad_without_weight")
     n = input.shape[-1]
     weight_dtype = weight.dtype if weight is not None else input.dtype

@@ -62,13 +62,19 @@ def check_norm_backward(
     name, x = input
     check_norm_input(op, x, weight, weight_offset, name)
     check_elementwise(op, [input, ("grad_out", grad_out)], FLOAT_DTYPES)
-    same_device(op, input, ("rstd", rstd))
+    check_norm_stat(op, input, ("rstd", rstd))
+    check(not weight_grad or weight is not None, op, "weight_grad_without_weight")
+
+
+def check_norm_stat(op: str, input: tuple[str, torch.Tensor], stat: tuple[str, torch.Tensor]) -> None:
+    """A per-row statistic (rstd, mean): input's leading shape and the stat dtype, on input's device."""
+    name, x = input
+    stat_name, t = stat
+    same_device(op, input, stat)
     leading = list(x.shape[:-1])
     want = stat_dtype(x.dtype)
-    check(rstd.dim() == len(leading) and all(a == b for a, b in zip(rstd.shape, leading)) and rstd.dtype == want, op,
-          "stat_shape_dtype", stat="rstd", shape=leading, x=name, dtype=want, got_shape=list(rstd.shape),
-          got_dtype=rstd.dtype)
-    check(not weight_grad or weight is not None, op, "weight_grad_without_weight")
+    check(list(t.shape) == leading and t.dtype == want, op, "stat_shape_dtype", stat=stat_name, shape=leading, x=name,
+          dtype=want, got_shape=list(t.shape), got_dtype=t.dtype)
 
 
 @torch.library.register_fake("myns::rms_norm")

@@ -322,6 +322,66 @@ def check_csr_ops(mesh: Any, device: str) -> int:
     return n
 
 
+def check_rotary_ops(mesh: Any, device: str) -> int:
+    """rotary_embedding, qk_norm_rope (forward and backward, through their backward ops) and rotary_embedding_ on
+    q / k split by batch, heads or sequence (cos and sin given replicated: DTensor splits them alike), partial
+    rotary (6 of 8), GQA (8 and 4 heads), both layouts."""
+    import torchops
+    n = 0
+    S0, R, P = Shard(0), Replicate(), Partial()
+    for u in (1, 2):
+        heads, seq = (1, 2) if u == 1 else (2, 1)
+        shape = (lambda h: (4, h, 8, 8)) if u == 1 else (lambda h: (4, 8, h, 8))
+        q, k = rand(*shape(8), device=device), rand(*shape(4), device=device)
+        w = rand(8, device=device)
+        for cos_batch in (1, 4):
+            cos, sin = rand(cos_batch, 8, 6, device=device), rand(cos_batch, 8, 6, device=device)
+
+            def constants() -> tuple[Tensor, Tensor]:
+                return distribute_tensor(cos, mesh, [R]), distribute_tensor(sin, mesh, [R])
+
+            def rope(qq: Tensor, kk: Tensor) -> Any:
+                c, s = constants() if isinstance(qq, DTensor) else (cos, sin)
+                return torchops.apply_rotary_pos_emb(qq, kk, c, s, unsqueeze_dim=u)
+
+            def qk_norm(qq: Tensor, kk: Tensor, wq: Tensor, wk: Tensor) -> Any:
+                c, s = constants() if isinstance(qq, DTensor) else (cos, sin)
+                return torchops.qk_norm_rope(qq, kk, wq, wk, c, s, 1e-5, weight_offset=1.0, unsqueeze_dim=u)
+
+            for p in (S0, Shard(heads), Shard(seq), R):
+                check_against_reference("rotary_embedding", rope, [q, k], [p, p], mesh, out_placements=[p, p])
+                check_against_reference("qk_norm_rope", qk_norm, [q, k, w, w], [p, p, R, R], mesh,
+                                        out_placements=[p, p])
+                # The weights' gradients are sums over the rows: Partial while the rows are split.
+                qd, kd = dt(q, mesh, p, True), dt(k, mesh, p, True)
+                wq, wk = dt(w, mesh, R, True), dt(w, mesh, R, True)
+                sum(o.sum() for o in qk_norm(qd, kd, wq, wk)).backward()
+                assert tuple(wq.grad.placements) == ((R,) if p == R else (P,)), wq.grad.placements
+                n += 2
+            # head_dim split: redistributed (values only); Partial q and k through the linear rotation.
+            check_against_reference("rotary_embedding head_dim split", rope, [q, k], [Shard(3), Shard(3)], mesh)
+            check_against_reference("rotary_embedding", rope, [q, k], [P, P], mesh, out_placements=[P, P])
+            n += 2
+    # In place: query and key stay where they are; the tokens split (positions alike), or the heads.
+    positions = torch.randint(0, 16, (8,), device=device)
+    cache = rand(16, 6, device=device)
+    query, key = rand(8, 64, device=device), rand(8, 4, 8, device=device)
+    want_q, want_k = query.clone(), key.clone()
+    torchops.rotary_embedding_(positions, want_q, want_k, 8, cache)
+    for pq, pk in [(S0, S0), (Shard(1), Shard(1)), (R, R), (Shard(1), R)]:
+        qd, kd = dt(query.clone(), mesh, pq), dt(key.clone(), mesh, pk)  # a replicated one may share memory with it
+        local_q, local_k = qd._local_tensor, kd._local_tensor
+        # positions placed as the tokens are: DTensor never moves the first argument of an op named "..._".
+        pd = distribute_tensor(positions, mesh, [S0 if pq == S0 else R])
+        torchops.rotary_embedding_(pd, qd, kd, 8, distribute_tensor(cache, mesh, [R]))
+        assert tuple(qd.placements) == (pq,) and tuple(kd.placements) == (pk,), (qd.placements, kd.placements)
+        assert qd._local_tensor is local_q and kd._local_tensor is local_k
+        close(qd, want_q, f"rotary_embedding_ query {pq} key {pk}")
+        close(kd, want_k, f"rotary_embedding_ key {pk} query {pq}")
+        n += 1
+    return n
+
+
 # ---------------------------------------------------------------------------------------------------------
 # A LLaMA-style block: sequence-parallel norms, colwise/rowwise linears, swiglu, vector_add residuals.
 
@@ -527,12 +587,118 @@ def check_mesh_2d(mesh: Any, device: str) -> int:
     return n + 1
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Losses: tokens sharded (data / sequence parallel), the LM head replicated.
+
+
+def _loss_targets(shape: tuple[int, ...], classes: int, device: str, ignored: list[int]) -> Tensor:
+    t = torch.randint(0, classes, shape, generator=torch.Generator().manual_seed(11)).view(-1)
+    t[ignored] = -100  # the first tokens: the shards' counts of non-ignored tokens differ
+    return t.view(shape).to(device)
+
+
+def _loss_grads(out: Tensor, grad: Tensor, tensors: list[Tensor]) -> list[Tensor]:
+    return list(torch.autograd.grad((out * grad).sum(), tensors))
+
+
+def check_loss_ops(mesh: Any, device: str) -> int:
+    """linear_cross_entropy / cross_entropy with input (or logits) and target Shard(d), the weight and bias
+    replicated, against the same call on whole tensors: loss and gradients for every reduction (the mean over
+    the count of non-ignored tokens of all shards), under no_grad and inference_mode too; their internal ops'
+    placements; a vocab-sharded weight raises."""
+    import torchops
+    n = 0
+    S0, S1, R, P = Shard(0), Shard(1), Replicate(), Partial()
+    V, H = 11, 8
+    w, b = rand(V, H, device=device), rand(V, device=device)
+    for shape, p, ignored in [((6,), S0, [0, 1, 2]), ((5,), S0, [0, 3]), ((2, 4), S1, [0, 1, 4]), ((2, 4), S0, [])]:
+        x = rand(*shape, H, device=device)
+        t = _loss_targets(shape, V, device, ignored)
+        for reduction in ("none", "sum", "mean"):
+            for bias, kw in [(b, dict(label_smoothing=0.1)), (None, dict(softcap=2.0))]:
+                what = f"linear_cross_entropy {shape} {p} {reduction} bias={bias is not None} {kw}"
+                leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+                if bias is not None:
+                    leaves.append(bias.clone().requires_grad_())
+                call = lambda xx, ww, tt, bb: torchops.linear_cross_entropy(xx, ww, tt, linear_bias=bb,  # noqa: E731
+                                                                          reduction=reduction, **kw)
+                ref = call(leaves[0], leaves[1], t, leaves[2] if bias is not None else None)
+                grad = torch.randn_like(ref)
+                ref_grads = _loss_grads(ref, grad, leaves)
+                d = [distribute_tensor(leaves[0].detach(), mesh, [p]).requires_grad_(),
+                     distribute_tensor(w, mesh, [R]).requires_grad_()]
+                if bias is not None:
+                    d.append(distribute_tensor(bias, mesh, [R]).requires_grad_())
+                td = distribute_tensor(t, mesh, [p])
+                out = call(d[0], d[1], td, d[2] if bias is not None else None)
+                assert isinstance(out, DTensor), what
+                close(out, ref.detach(), what)
+                got = _loss_grads(out, distribute_tensor(grad, mesh, [R]), d)
+                for i, (g, r) in enumerate(zip(got, ref_grads)):
+                    close(g, r, f"{what}: grad of input {i}")
+                assert tuple(got[0].placements) == (p,), (what, got[0].placements)
+                for ctx in (torch.no_grad, torch.inference_mode):
+                    with ctx():
+                        plain = call(distribute_tensor(x, mesh, [p]), distribute_tensor(w, mesh, [R]),
+                                     distribute_tensor(t, mesh, [p]),
+                                     None if bias is None else distribute_tensor(bias, mesh, [R]))
+                        close(plain, ref.detach(), f"{what} under {ctx.__name__}")
+                # cross_entropy on the same logits, sharded alike.
+                logits = torch.nn.functional.linear(x, w, bias)
+                ce_ref_in = logits.clone().requires_grad_()
+                ce_ref = torchops.cross_entropy(ce_ref_in, t, reduction=reduction, **kw)
+                ce_grad = _loss_grads(ce_ref, grad, [ce_ref_in])[0]
+                zd = distribute_tensor(logits, mesh, [p]).requires_grad_()
+                ce = torchops.cross_entropy(zd, td, reduction=reduction, **kw)
+                close(ce, ce_ref.detach(), f"cross_entropy {what}")
+                close(_loss_grads(ce, distribute_tensor(grad, mesh, [R]), [zd])[0], ce_grad,
+                      f"cross_entropy {what}: grad of logits")
+                with torch.inference_mode():
+                    close(torchops.cross_entropy(distribute_tensor(logits, mesh, [p]), distribute_tensor(t, mesh, [p]),
+                                                 reduction=reduction, **kw), ce_ref.detach(),
+                          f"cross_entropy {what} under inference_mode")
+                n += 1
+    # The internal ops' placements: per-token outputs sharded, sums over tokens Partial.
+    x, t = rand(6, H, device=device), _loss_targets((6,), V, device, [1])
+    loss, gi, gw, gb = torch.ops.myns._linear_cross_entropy_forward(
+        distribute_tensor(x, mesh, [S0]), distribute_tensor(w, mesh, [R]), distribute_tensor(t, mesh, [S0]),
+        distribute_tensor(b, mesh, [R]), -100, 0.0, None, None, True, True, True, 2)
+    assert [tuple(o.placements) for o in (loss, gi, gw, gb)] == [(S0,), (S0,), (P,), (P,)]
+    ref = torch.ops.myns._linear_cross_entropy_forward(x, w, t, b, -100, 0.0, None, None, True, True, True, 2)
+    for got, want in zip((loss, gi, gw, gb), ref):
+        close(got, want, "_linear_cross_entropy_forward Shard(0)")
+    g = rand(6, device=device)
+    bwd = torch.ops.myns._linear_cross_entropy_backward
+    ref = bwd(g, x, w, t, b, -100, 0.1, None, True, True, True, 0)
+    for pg, px, want in [(S0, S0, [S0, P, P]), (P, R, [P, P, P]), (R, R, [R, R, R])]:
+        got = bwd(dt(g, mesh, pg), dt(x, mesh, px), dt(w, mesh, R), dt(t, mesh, px), dt(b, mesh, R), -100, 0.1, None,
+                  True, True, True, 0)
+        assert [tuple(o.placements) for o in got] == [(q,) for q in want], (pg, px, [o.placements for o in got])
+        for o, r in zip(got, ref):
+            close(o, r, f"_linear_cross_entropy_backward grad_loss {pg}, tokens {px}")
+        n += 1
+    # A vocab-parallel head (the weight's rows sharded): refused by name, never gathered silently.
+    for pw in (S0, S1):
+        try:
+            torchops.linear_cross_entropy(distribute_tensor(x, mesh, [S0]), distribute_tensor(w, mesh, [pw]),
+                                          distribute_tensor(t, mesh, [S0]))
+        except RuntimeError as e:
+            assert f"myns::_linear_cross_entropy_forward: linear_weight is sharded ({pw})" in str(e) or \
+                f"myns::linear_cross_entropy: linear_weight is sharded ({pw})" in str(e), str(e)
+        else:
+            raise AssertionError(f"a {pw} linear_weight must raise")
+        n += 1
+    return n
+
+
 CHECKS: dict[str, Callable[[Any, str], int]] = {
+    "loss": check_loss_ops,
     "mesh_2d": check_mesh_2d,
     "elementwise": check_elementwise_ops,
     "norm": check_norm_ops,
     "layer_norm": check_layer_norm_ops,
     "csr": check_csr_ops,
+    "rotary": check_rotary_ops,
     "tp_block": lambda mesh, device: check_tp_block(mesh, device, compiled=None),
     "tp_block_compiled": lambda mesh, device: check_tp_block(mesh, device, compiled="inductor"),
     "tp_block_aot_eager": lambda mesh, device: check_tp_block(mesh, device, compiled="aot_eager"),

@@ -22,7 +22,7 @@ import distributed_workers
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
-OP_CHECKS = ["elementwise", "norm", "layer_norm", "csr"]
+OP_CHECKS = ["elementwise", "norm", "layer_norm", "csr", "rotary"]
 
 
 def spawn(world_size: int, backend: str, checks: list[str]) -> dict[str, int]:
@@ -136,6 +136,12 @@ def test_example_runs_under_torchrun() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "ok: the block trained on 2 ranks (cpu) matches the block trained on whole tensors" in out.stdout, out.stdout
     assert out.stdout.count("step ") == 3, out.stdout
+
+
+def test_gloo_world_size_2_losses():
+    # linear_cross_entropy / cross_entropy with tokens sharded: every reduction (the mean over all shards'
+    # non-ignored tokens), gradients, no_grad and inference_mode, the internal ops, a vocab-sharded weight.
+    spawn(2, "gloo", ["loss"])
 
 
 @pytest.mark.cuda

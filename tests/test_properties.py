@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -512,15 +512,27 @@ def test_csr_spmm_scales_exactly_to_huge_and_tiny(data, dtype, device) -> None:
     longest = max([len(r) for r in csr.rows] + [1])
     k_max = math.floor(math.log2(fi.max / (9 * longest))) - 1  # |v|, |d| <= 3
     k_min = math.ceil(math.log2(max(fi.smallest_normal, acc.smallest_normal) / atol)) + 1
-    k = data.draw(st.integers(k_min, k_max), label="k = kv + kd")
-    kv = data.draw(st.integers(max(k - (math.floor(math.log2(fi.max / 3)) - 1), math.ceil(math.log2(fi.smallest_normal)) + 12),
-                               min(k - math.ceil(math.log2(fi.smallest_normal)) - 12, math.floor(math.log2(fi.max / 3)) - 1)), label="kv")
+    # The powers of two each operand takes exactly: its largest magnitude stays below 3 * 2**s <= max, and its
+    # smallest nonzero one stays a normal number (a drawn value can be tiny, even subnormal in float16, and
+    # scaling it down then drops bits).
+    (v_lo, v_hi), (d_lo, d_hi) = (_exact_scalings(t, fi) for t in (v, d))
+    assume(max(k_min, v_lo + d_lo) <= min(k_max, v_hi + d_hi))  # both operands tiny: no exact scaling left
+    k = data.draw(st.integers(max(k_min, v_lo + d_lo), min(k_max, v_hi + d_hi)), label="k = kv + kd")
+    kv = data.draw(st.integers(max(v_lo, k - d_hi), min(v_hi, k - d_lo)), label="kv")
     vs, ds = v * 2.0**kv, d * 2.0**(k - kv)
     assert torch.equal(vs / 2.0**kv, v) and torch.equal(ds / 2.0**(k - kv), d), "the scaled operands must be exact"
     out = torchops.csr_spmm(crow, col, vs, ds)
     expected = csr_reference(*upcast((crow, col, v, d)))
     assert out.shape == expected.shape
     assert_close_to_reference((out / 2.0**k).cpu(), expected)
+
+
+def _exact_scalings(t: torch.Tensor, fi: torch.finfo) -> tuple[int, int]:
+    """The powers s for which t * 2**s is exact for values up to 3 in magnitude: every nonzero element stays a
+    normal number, none passes the largest finite one."""
+    nonzero = t[t != 0].abs().double()
+    smallest = nonzero.min().item() if nonzero.numel() else fi.smallest_normal
+    return math.ceil(math.log2(fi.smallest_normal / smallest)), math.floor(math.log2(fi.max / 3)) - 1
 
 
 def _csr_grads(fn, v: torch.Tensor, d: torch.Tensor, g: torch.Tensor):

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 # Schema argument types -> TorchScript-able annotations (every type our schemas use; a new one fails loudly).
 _ANNOTATIONS = {"Tensor": "Tensor", "Optional[Tensor]": "Optional[Tensor]", "float": "float", "int": "int",
+                "Optional[float]": "Optional[float]",
                 "SymInt": "int", "bool": "bool", "str": "str"}
 
 

@@ -17,8 +17,9 @@ from torch import Tensor
 import torchops
 from torchops import ops
 
-# Wrappers that are not one op's: spmm takes a torch sparse CSR tensor (a call of csr_spmm on its parts).
-NOT_ONE_OP = {"spmm"}
+# Wrappers that are not one op's: spmm takes a torch sparse CSR tensor (a call of csr_spmm on its parts);
+# apply_rotary_pos_emb takes transformers' arguments (rotary_embedding's and an ignored position_ids).
+NOT_ONE_OP = {"spmm", "apply_rotary_pos_emb"}
 
 
 def _schema(name: str) -> torch.FunctionSchema:
@@ -112,6 +113,43 @@ class Spmm(torch.nn.Module):
         return torchops.spmm(A, dense)
 
 
+class LinearCrossEntropy(torch.nn.Module):
+    def forward(self, x: Tensor, w: Tensor, t: Tensor, b: Tensor) -> Tensor:
+        return torchops.linear_cross_entropy(x, w, t, linear_bias=b, reduction="sum") + torchops.linear_cross_entropy(
+            x, w, t)
+
+
+class CrossEntropy(torch.nn.Module):
+    def forward(self, logits: Tensor, t: Tensor) -> Tensor:
+        return torchops.cross_entropy(logits, t, label_smoothing=0.1) + torchops.cross_entropy(logits, t)
+
+
+class RotaryEmbedding(torch.nn.Module):
+    def forward(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        return torchops.rotary_embedding(q, k, cos, sin, interleaved=True)
+
+
+class ApplyRotaryPosEmb(torch.nn.Module):
+    def forward(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        return torchops.apply_rotary_pos_emb(q, k, cos, sin, None, 1)
+
+
+class RotaryEmbeddingInPlace(torch.nn.Module):
+    def forward(self, positions: Tensor, query: Tensor, cache: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+        q, k = query.clone(), key.clone()  # the same inputs give the eager and scripted calls the same outputs
+        torchops.rotary_embedding_(positions, q, k, 8, cache, is_neox=False)
+        return q, k
+
+
+class QkNormRope(torch.nn.Module):
+    def forward(self, q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        return torchops.qk_norm_rope(q, k, wq, wk, cos, sin, 1e-5, weight_offset=1.0)
+
+
+def _rope_args() -> tuple[Tensor, ...]:
+    return torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 3, 6), torch.randn(1, 3, 6)
+
+
 def _x() -> Tensor:
     return torch.randn(3, 8)
 
@@ -124,8 +162,18 @@ SCRIPT_CASES: dict[str, tuple[type[torch.nn.Module], Callable[[], tuple[Any, ...
     "add_rms_norm": (AddRMSNorm, lambda: (_x(), _x(), torch.randn(8))),
     "layer_norm": (LayerNormCall, lambda: (_x(), torch.randn(8), torch.randn(8))),
     "csr_spmm": (CsrSpmm, lambda: (*_csr(), torch.randn(4, 5))),
+    "linear_cross_entropy": (LinearCrossEntropy, lambda: (_x(), torch.randn(5, 8), torch.tensor([0, 4, 2]),
+                                                          torch.randn(5))),
+    "cross_entropy": (CrossEntropy, lambda: (torch.randn(3, 5), torch.tensor([0, 4, 2]))),
     "spmm": (Spmm, lambda: (torch.sparse_csr_tensor(*_csr(), (3, 4)), torch.randn(4, 5))),
+    "rotary_embedding": (RotaryEmbedding, _rope_args),
+    "apply_rotary_pos_emb": (ApplyRotaryPosEmb, _rope_args),
+    "rotary_embedding_": (RotaryEmbeddingInPlace, lambda: (torch.tensor([3, 0, 2]), torch.randn(3, 16),
+                                                           torch.randn(4, 6), torch.randn(3, 8))),
+    "qk_norm_rope": (QkNormRope, lambda: (*_rope_args()[:2], torch.randn(8), torch.randn(8), *_rope_args()[2:])),
 }
+# The ops' other arguments without defaults (optional tensors too), for calls made with keywords.
+REQUIRED_NON_TENSORS: dict[str, dict[str, Any]] = {"rotary_embedding_": {"head_size": 8, "key": None}}
 
 
 def test_every_wrapper_has_a_scripting_case() -> None:
@@ -138,7 +186,7 @@ def test_module_calling_the_wrapper_scripts_saves_and_loads(name: str) -> None:
     cls, make_args = SCRIPT_CASES[name]
     module = cls()
     scripted = torch.jit.script(module)
-    op = "csr_spmm" if name == "spmm" else name
+    op = {"spmm": "csr_spmm", "apply_rotary_pos_emb": "rotary_embedding"}.get(name, name)
     assert f"myns::{op}" in str(scripted.inlined_graph), scripted.inlined_graph
     buffer = io.BytesIO()
     torch.jit.save(scripted, buffer)
@@ -160,14 +208,14 @@ def _tensor_arguments(name: str) -> list[str]:
 
 def _good_args(name: str) -> dict[str, Any]:
     # The scripting case's arguments start with the schema's tensors, in order.
-    return dict(zip(_tensor_arguments(name), SCRIPT_CASES[name][1]()))
+    return {**dict(zip(_tensor_arguments(name), SCRIPT_CASES[name][1]())), **REQUIRED_NON_TENSORS.get(name, {})}
 
 
 @pytest.mark.parametrize("name", _op_wrappers())
 def test_every_tensor_argument_none_is_a_type_error(name: str) -> None:
     tensors = _tensor_arguments(name)
     with pytest.raises(TypeError, match=rf"^myns::{name}: {tensors[0]} must be a Tensor, got None$"):
-        getattr(torchops, name)(**{t: None for t in tensors})
+        getattr(torchops, name)(**{t: None for t in tensors}, **REQUIRED_NON_TENSORS.get(name, {}))
 
 
 @pytest.mark.parametrize("name", _op_wrappers())

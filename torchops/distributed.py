@@ -35,6 +35,24 @@ redistributes the inputs that don't match it):
   DTensor placement of the index tensors (each block's row offsets restart at 0 and its nonzeros are not an
   even split of the global ones): :func:`shard_csr_rows` builds such blocks and :func:`row_sharded_spmm`
   multiplies one by a DTensor, returning a ``Shard(0)`` DTensor.
+- ``linear_cross_entropy``, ``cross_entropy`` and their internal ops: tokens ``Shard(d)`` on any dimension
+  but the last (``input`` or ``logits`` and ``target`` alike: data / sequence parallel), ``linear_weight`` and
+  ``linear_bias`` ``Replicate``; per-token outputs (``"none"`` losses, lse, grad_input) come out ``Shard(d)``,
+  sums over tokens (``"sum"``, the weight's and bias's gradients) ``Partial``. ``"mean"`` divides by the
+  count of non-ignored tokens of every shard: the Autograd kernels run it as sharded sums over that count
+  (one small all-reduce), so the loss and gradients equal the single-process ones. A sharded
+  ``linear_weight`` (vocab-parallel) raises, naming its placement.
+- ``rotary_embedding``, ``_rotary_embedding_backward`` and ``qk_norm_rope`` (q and k ``[batch, heads, seq,
+  head_dim]`` or ``[batch, seq, heads, head_dim]``, per ``unsqueeze_dim``): q and k ``Shard`` of the batch, heads or
+  sequence dimension (alike) -> the same on the outputs, cos and sin sharded alike where they have that dimension
+  (batch or seq larger than 1) and ``Replicate`` otherwise (heads); head_dim is never sharded (redistributed);
+  qk_norm_rope's weights ``Replicate``. The rotation is linear: ``Partial`` q and k give ``Partial`` outputs
+  (not qk_norm_rope, whose norm is not). ``_qk_norm_rope_backward``: the same, its weight gradients ``Partial``
+  while rows are sharded; ``Partial`` incoming gradients (rows replicated) give ``Partial`` outputs.
+- ``rotary_embedding_`` (in place): query and key keep their placements (``Shard(0)``, tokens; ``Shard(1)``, heads,
+  whose local width must hold whole heads; or ``Replicate``), the cache is ``Replicate``. positions must come
+  placed as the tokens are (``Shard(0)`` with them, else ``Replicate``): DTensor takes an op whose name ends in
+  ``_`` to write its first argument, so it never redistributes positions either.
 """
 
 from __future__ import annotations
@@ -323,6 +341,192 @@ def _replicate_only(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
     return rule
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Losses: tokens sharded (data / sequence parallel) on any dimension but the last; the classifier replicated.
+
+
+def _refuse_sharded_weight(op: torch._ops.OpOverload, args: _Args) -> None:
+    """A sharded linear_weight would leave each rank a slice of every token's logits (vocab-parallel), whose
+    log-sum-exp these ops do not combine across ranks: raise, naming the placement, rather than gather it."""
+    if "linear_weight" not in args.values or not args.is_tensor("linear_weight"):
+        return
+    for p in args["linear_weight"].placements:
+        if isinstance(p, Shard):
+            raise RuntimeError(
+                f"myns::{_name(op)}: linear_weight is sharded ({p}) across the mesh, so each rank would hold part of "
+                "every token's logits (vocab-parallel), which this op does not combine; replicate linear_weight "
+                "(shard the tokens instead: Shard(0) of input and target)")
+
+
+def _loss_forward(op: torch._ops.OpOverload, scores: str) -> Callable[..., list[Strategy]]:
+    """linear_cross_entropy, _linear_cross_entropy_chunked (scores: input) and cross_entropy (scores: logits).
+
+    Tokens Shard(d) (with target) -> "none": Shard(d), "sum": Partial. "mean" divides by the count of every
+    shard's tokens, which no placement of a local mean expresses: Replicate only (the autograd kernels, which
+    these reach under no_grad and with gradients, run it as the sum of _linear_cross_entropy_forward's sharded
+    losses over a count summed across shards; only inference_mode calls this op under DTensor directly).
+    """
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        _refuse_sharded_weight(op, args)
+        reduction = args["reduction"]
+
+        def by(p: Placement) -> PlacementList:
+            placed = {scores: p, "target": p}
+            for n in ("linear_weight", "linear_bias"):
+                if n in args.values and args.is_tensor(n):
+                    placed[n] = Replicate()
+            return args.placements(placed)
+
+        rules: list[Strategy] = [([Replicate()], by(Replicate()))]
+        if reduction in ("none", "sum"):
+            for d in range(args.ndim(scores) - 1):
+                rules.append(([Shard(d) if reduction == "none" else Partial()], by(Shard(d))))
+# Rotary embeddings: the rows (a head of a token) may be sharded by batch, heads or sequence, never along head_dim.
+
+
+def _rotary_dims(args: _Args) -> tuple[int, int]:
+    """(heads, seq): q's dimensions of each, from unsqueeze_dim (1: [b, h, s, d], 2: [b, s, h, d])."""
+    heads = 2 if args["unsqueeze_dim"] == 2 else 1
+    return heads, 3 - heads
+
+
+def _rotary_splits(args: _Args) -> list[tuple[Placement, Placement]]:
+    """(rows, cos and sin) placements: replicated, or the rows split by batch, heads or sequence with cos and sin
+    split alike where they have that dimension (larger than 1; a size-1 one is broadcast, so replicated)."""
+    heads, seq = _rotary_dims(args)
+    cos = args["cos"].shape
+    return [
+        (Replicate(), Replicate()),
+        (Shard(0), Shard(0) if cos[0] > 1 else Replicate()),
+        (Shard(heads), Replicate()),
+        (Shard(seq), Shard(1) if cos[1] > 1 else Replicate()),
+    ]
+
+
+def _rotary(op: torch._ops.OpOverload, rows: tuple[str, str], linear: bool) -> Callable[..., list[Strategy]]:
+    """rotary_embedding (rows q, k), its backward (grad_q, grad_k) and qk_norm_rope (not linear: weights too)."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        weights = {n: Replicate() for n in ("q_weight", "k_weight") if n in args.values and args.is_tensor(n)}
+
+        def with_(row: Placement, cos: Placement) -> PlacementList:
+            return args.placements({rows[0]: row, rows[1]: row, "cos": cos, "sin": cos, **weights})
+
+        rules: list[Strategy] = [([row, row], with_(row, cos)) for row, cos in _rotary_splits(args)]
+        if linear:
+            rules.append(([Partial(), Partial()], with_(Partial(), Replicate())))
+        return rules
+
+    return rule
+
+
+def _linear_cross_entropy_forward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """(loss, grad_input, grad_weight, grad_bias): tokens Shard(d) -> loss and grad_input Shard(d), the weight's
+    and bias's gradients (sums over tokens) Partial; grad_scale Replicate. Outputs not asked for are
+    [0]-shaped placeholders, Replicate."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        _refuse_sharded_weight(op, args)
+        has_bias = args.is_tensor("linear_bias")
+        wants = (bool(args["input_grad"]), bool(args["weight_grad"]), bool(args["bias_grad"]) and has_bias)
+
+        def add(p: Placement, summed: Placement) -> Strategy:
+            placed = {"input": p, "target": p, "linear_weight": Replicate()}
+            for n in ("linear_bias", "grad_scale"):
+                if args.is_tensor(n):
+                    placed[n] = Replicate()
+            outs = [p] + [q if want else Replicate() for q, want in zip((p, summed, summed), wants)]
+            return outs, args.placements(placed)
+
+        return [add(Replicate(), Replicate())] + [add(Shard(d), Partial()) for d in range(args.ndim("input") - 1)]
+
+    return rule
+
+
+def _linear_cross_entropy_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """(grad_input, grad_weight, grad_bias): grad_loss sharded like the tokens -> grad_input Shard(d), the sums
+    Partial; linear in grad_loss, so a Partial grad_loss (tokens replicated) gives Partial outputs."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        _refuse_sharded_weight(op, args)
+        has_bias = args.is_tensor("linear_bias")
+        wants = (bool(args["input_grad"]), bool(args["weight_grad"]), bool(args["bias_grad"]) and has_bias)
+
+        def add(g: Placement, p: Placement, rows: Placement, summed: Placement) -> Strategy:
+            placed = {"grad_loss": g, "input": p, "target": p, "linear_weight": Replicate()}
+            if has_bias:
+                placed["linear_bias"] = Replicate()
+            outs = [q if want else Replicate() for q, want in zip((rows, summed, summed), wants)]
+            return outs, args.placements(placed)
+
+        rules = [add(Replicate(), Replicate(), Replicate(), Replicate())]
+        rules += [add(Shard(d), Shard(d), Shard(d), Partial()) for d in range(args.ndim("input") - 1)]
+        rules.append(add(Partial(), Replicate(), Partial(), Partial()))
+def _qk_norm_rope_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """(grad_q, grad_k, grad_q_weight, grad_k_weight): rows and incoming gradients split alike, the weights'
+    gradients Partial while rows are split; a placeholder (a gradient not given or not asked for) Replicate."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        given = {s: args.is_tensor(f"grad_{s}_out") for s in "qk"}
+        input_grad, weight_grad = bool(args["input_grad"]), bool(args["weight_grad"])
+        rules: list[Strategy] = []
+
+        def add(row: Placement, cos: Placement, grad: Placement, dweight: Placement) -> None:
+            by: dict[str, Placement] = {f"grad_{s}_out": grad for s in "qk" if given[s]}
+            by.update(q=row, k=row, cos=cos, sin=cos, q_weight=Replicate(), k_weight=Replicate())
+            outs = [grad if given[s] and input_grad else Replicate() for s in "qk"]
+            outs += [dweight if given[s] and weight_grad else Replicate() for s in "qk"]
+            rules.append((outs, args.placements(by)))
+
+        for row, cos in _rotary_splits(args):
+            add(row, cos, row, Replicate() if row == Replicate() else Partial())
+        add(Replicate(), Replicate(), Partial(), Partial())
+        return rules
+
+    return rule
+
+
+def _cross_entropy_rows(op: torch._ops.OpOverload, row_inputs: Sequence[str], n_out: int,
+                        linear_in: str | None = None) -> Callable[..., list[Strategy]]:
+    """_cross_entropy_forward / _cross_entropy_backward: every per-token input (and the logits) Shard(d) ->
+    every output Shard(d); `linear_in` (the backward's grad_loss) Partial with the rest Replicate -> Partial."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        names = [n for n in row_inputs if args.is_tensor(n)]
+        rules: list[Strategy] = [([Replicate()] * n_out, args.placements({n: Replicate() for n in names}))]
+        for d in range(args.ndim("logits") - 1):
+            rules.append(([Shard(d)] * n_out, args.placements({n: Shard(d) for n in names})))
+        if linear_in is not None:
+            by = {n: Partial() if n == linear_in else Replicate() for n in names}
+            rules.append(([Partial()] * n_out, args.placements(by)))
+def _rotary_inplace(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
+    """rotary_embedding_: query and key written where they are (_keep_mutated_placements drops the rest)."""
+
+    def rule(*a: Any, **k: Any) -> list[Strategy]:
+        args = _Args(op, a, k)
+        has_key = args.is_tensor("key")
+        choices = (Replicate(), Shard(0), Shard(1))
+        rules: list[Strategy] = []
+        for q in choices:
+            for key in choices if has_key else (None,):
+                if has_key and (q == Shard(0)) != (key == Shard(0)):
+                    continue  # a split of the tokens splits the positions, so both or neither
+                by = {"positions": Shard(0) if q == Shard(0) else Replicate(), "query": q, "cos_sin_cache": Replicate()}
+                if has_key:
+                    by["key"] = key
+                rules.append(([], args.placements(by)))
+        return rules
+
+    return rule
+
+
 # The rules of the ops that are not pointwise, by name (pointwise ops get _pointwise); a test fails for a
 # myns op with neither.
 _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]]]] = {
@@ -344,6 +548,19 @@ _RULES: dict[str, Callable[[torch._ops.OpOverload], Callable[..., list[Strategy]
     "_csr_transpose": _replicate_only,
     "csr_softmax": _csr_softmax,
     "_csr_softmax_backward": _csr_softmax,
+    "linear_cross_entropy": lambda op: _loss_forward(op, "input"),
+    "_linear_cross_entropy_chunked": lambda op: _loss_forward(op, "input"),
+    "_linear_cross_entropy_forward": _linear_cross_entropy_forward,
+    "_linear_cross_entropy_backward": _linear_cross_entropy_backward,
+    "cross_entropy": lambda op: _loss_forward(op, "logits"),
+    "_cross_entropy_forward": lambda op: _cross_entropy_rows(op, ("logits", "target"), 2),
+    "_cross_entropy_backward": lambda op: _cross_entropy_rows(op, ("grad_loss", "logits", "target", "lse"), 1,
+                                                              linear_in="grad_loss"),
+    "rotary_embedding": lambda op: _rotary(op, ("q", "k"), linear=True),
+    "_rotary_embedding_backward": lambda op: _rotary(op, ("grad_q", "grad_k"), linear=True),
+    "qk_norm_rope": lambda op: _rotary(op, ("q", "k"), linear=False),
+    "_qk_norm_rope_backward": _qk_norm_rope_backward,
+    "rotary_embedding_": _rotary_inplace,
 }
 
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from torchops.ops import add_rms_norm, layer_norm, rms_norm
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["LayerNorm", "LinearCrossEntropyLoss", "RMSNorm"]
 
 _Shape = Union[int, Sequence[int], torch.Size]
 
@@ -216,3 +216,58 @@ class LayerNorm(nn.Module):
         return "{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}, bias={bias}".format(
             normalized_shape=self.normalized_shape, eps=self.eps, elementwise_affine=self.elementwise_affine,
             bias=self.bias is not None)
+
+
+class LinearCrossEntropyLoss(nn.Module):
+    """The cross-entropy loss of an LM head's logits without the logits: ``torchops.linear_cross_entropy``.
+
+    ``forward(input, linear_weight, target, linear_bias=None)`` returns
+    ``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, ...)`` over the last dimension,
+    computed a chunk of tokens at a time (see :func:`torchops.linear_cross_entropy` for shapes, dtypes, the
+    memory it saves and what invalid targets give). The head's weight is an argument, not a parameter of this
+    module, so the model keeps owning it (tied embeddings included).
+
+    Args:
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        ignore_index: target value of tokens left out of the loss (``None``: -100).
+        label_smoothing: in ``[0, 1]``.
+        softcap: cap the logits to ``softcap * tanh(logits / softcap)`` first (Gemma 2), or ``None``.
+        chunk_size: tokens per chunk, or ``None`` to choose from the sizes.
+
+    Scriptable (``torch.jit.script``); works under ``torch.compile`` and ``torch.export``.
+    """
+
+    __constants__ = ["reduction", "ignore_index", "label_smoothing", "softcap", "chunk_size"]
+    reduction: str
+    ignore_index: int
+    label_smoothing: float
+    softcap: Optional[float]
+    chunk_size: Optional[int]
+
+    def __init__(self, reduction: str = "mean", ignore_index: Optional[int] = -100, label_smoothing: float = 0.0,
+                 softcap: Optional[float] = None, chunk_size: Optional[int] = None) -> None:
+        super().__init__()
+        self.reduction = reduction
+        self.ignore_index = -100 if ignore_index is None else int(ignore_index)
+        self.label_smoothing = float(label_smoothing)
+        self.softcap = None if softcap is None else float(softcap)
+        self.chunk_size = None if chunk_size is None else int(chunk_size)
+
+    def forward(self, input: Tensor, linear_weight: Tensor, target: Tensor,
+                linear_bias: Optional[Tensor] = None) -> Tensor:
+        # torch.ops.myns.* by name: TorchScript resolves those (not torchops.ops' C++ entry points).
+        chunk_size = self.chunk_size
+        if chunk_size is None:
+            return torch.ops.myns.linear_cross_entropy(input, linear_weight, target, linear_bias, self.reduction,
+                                                       self.ignore_index, self.label_smoothing, self.softcap)
+        return torch.ops.myns._linear_cross_entropy_chunked(input, linear_weight, target, linear_bias, self.reduction,
+                                                            self.ignore_index, self.label_smoothing, self.softcap,
+                                                            chunk_size)
+
+    def extra_repr(self) -> str:
+        s = f"reduction={self.reduction!r}, ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}"
+        if self.softcap is not None:
+            s += f", softcap={self.softcap}"
+        if self.chunk_size is not None:
+            s += f", chunk_size={self.chunk_size}"
+        return s

@@ -53,8 +53,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from torchops._meta_kernels._checks import INT_DTYPES, message
 from torchops._polyfills import scripted_as, traced_as
 
-__all__ = ["add_rms_norm", "csr_softmax", "csr_spmm", "gelu_and_mul", "layer_norm", "rms_norm", "sddmm", "spmm",
-           "spmm_reduce", "swiglu", "vector_add"]
+__all__ = ["add_rms_norm", "apply_rotary_pos_emb", "cross_entropy", "csr_softmax", "csr_spmm", "gelu_and_mul",
+           "layer_norm", "linear_cross_entropy", "qk_norm_rope", "rms_norm", "rotary_embedding", "rotary_embedding_",
+           "sddmm", "spmm", "spmm_reduce", "swiglu", "vector_add"]
 
 
 def _entries(overload: torch._ops.OpOverload) -> tuple[torch._ops.OpOverload, Callable[..., Any]]:
@@ -76,6 +77,13 @@ _csr_transpose = torch.ops.myns._csr_transpose.default
 _spmm_reduce, _spmm_reduce_c = _entries(torch.ops.myns.spmm_reduce.default)
 _sddmm, _sddmm_c = _entries(torch.ops.myns.sddmm.default)
 _csr_softmax, _csr_softmax_c = _entries(torch.ops.myns.csr_softmax.default)
+_linear_cross_entropy, _linear_cross_entropy_c = _entries(torch.ops.myns.linear_cross_entropy.default)
+_linear_cross_entropy_chunked, _linear_cross_entropy_chunked_c = _entries(
+    torch.ops.myns._linear_cross_entropy_chunked.default)
+_cross_entropy, _cross_entropy_c = _entries(torch.ops.myns.cross_entropy.default)
+_rotary_embedding, _rotary_embedding_c = _entries(torch.ops.myns.rotary_embedding.default)
+_rotary_embedding_inplace, _rotary_embedding_inplace_c = _entries(torch.ops.myns.rotary_embedding_.default)
+_qk_norm_rope, _qk_norm_rope_c = _entries(torch.ops.myns.qk_norm_rope.default)
 
 
 def _reject_none(overload: torch._ops.OpOverload, args: tuple[Any, ...]) -> None:
@@ -669,3 +677,236 @@ def _spmm_traced(A: Tensor, dense: Tensor, reduce: str = "sum") -> Tensor:
     if _is_plain_product(dense, reduce):
         return _csr_spmm(A.crow_indices(), A.col_indices(), A.values(), dense)
     return _spmm_reduce(A.crow_indices(), A.col_indices(), A.values(), dense, reduce)
+
+
+@scripted_as(_linear_cross_entropy)
+def linear_cross_entropy(input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
+                         reduction: str = "mean", ignore_index: int | None = -100, label_smoothing: float = 0.0,
+                         softcap: float | None = None, chunk_size: int | None = None) -> Tensor:
+    """The cross-entropy loss of a linear layer's logits (an LM head), without ever holding all the logits:
+    ``F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, ...)`` over the last dimension.
+
+    The keyword names are ``torch.nn.functional.linear_cross_entropy``'s (torch 2.13+), so code written for it
+    switches by changing the module. The logits are computed a chunk of tokens at a time (matmuls by ATen:
+    cuBLAS on CUDA), each chunk turned in place into its loss terms and, under autograd, its gradient: the
+    memory beyond the inputs and their gradients is one chunk of logits, not several tokens x vocabulary
+    buffers.
+
+    Args:
+        input: ``(..., H)`` float16, bfloat16, float32 or float64; any leading dimensions (flattened to tokens).
+        linear_weight: ``(V, H)``, input's dtype and device.
+        target: class indices of input's leading shape, int64 or int32. Values outside ``[0, V)`` other than
+            ``ignore_index`` raise a RuntimeError on the CPU; on CUDA (which never synchronises to check) such a
+            token's loss is NaN and its gradient zero.
+        linear_bias: optional ``(V,)``, input's dtype.
+        reduction: ``"mean"`` (over the tokens whose target is not ``ignore_index``; NaN when there are none,
+            as torch), ``"sum"`` or ``"none"`` (per-token losses of target's shape, 0 at ignored tokens).
+        ignore_index: the target value whose tokens are left out (``None``: -100, as torch).
+        label_smoothing: in ``[0, 1]``, as ``F.cross_entropy``'s.
+        softcap: when given (> 0), the logits are capped to ``softcap * tanh(logits / softcap)`` first (Gemma 2's
+            final-logit softcapping).
+        chunk_size: tokens per chunk; ``None`` chooses from the sizes (all of them while their logits take at
+            most 256 MiB, else equal chunks that do).
+
+    Returns:
+        The loss in input's dtype: a 0-dim tensor, or target's shape for ``"none"``. The softmax runs in float32
+        (float64 for float64 input) whatever the input's dtype, without a float32 copy of the logits.
+
+    Differentiable in ``input``, ``linear_weight`` and ``linear_bias`` (first derivatives: a second raises).
+    For ``"mean"`` and ``"sum"`` the gradients are computed during the forward (one pass over the logits) and
+    scaled by the incoming gradient in backward (in place unless the graph is retained); ``"none"``
+    recomputes the logits in backward. No host synchronisation: a training step captures in one CUDA graph.
+    Works under ``torch.compile`` (fullgraph, dynamic), ``torch.export``, TorchScript (as
+    ``torch.ops.myns.linear_cross_entropy``) and AOTInductor; under ``torch.autocast`` the matmuls run in
+    autocast's dtype, like ``F.linear``.
+    """
+    if ignore_index is None:
+        ignore_index = -100
+    if chunk_size is None:
+        entry, overload, args = _linear_cross_entropy_c, _linear_cross_entropy, ()
+    else:
+        entry, overload, args = _linear_cross_entropy_chunked_c, _linear_cross_entropy_chunked, (chunk_size,)
+    args = (input, linear_weight, target, linear_bias, reduction, ignore_index, label_smoothing, softcap, *args)
+    try:
+        return entry(*args)
+    except RuntimeError:
+        return _failed(entry, overload, *args)
+
+
+@traced_as(linear_cross_entropy)
+def _linear_cross_entropy_traced(input: Tensor, linear_weight: Tensor, target: Tensor, *,
+                                 linear_bias: Tensor | None = None, reduction: str = "mean",
+                                 ignore_index: int | None = -100, label_smoothing: float = 0.0,
+                                 softcap: float | None = None, chunk_size: int | None = None) -> Tensor:
+    if ignore_index is None:
+        ignore_index = -100
+    if chunk_size is None:
+        return _linear_cross_entropy(input, linear_weight, target, linear_bias, reduction, ignore_index,
+                                     label_smoothing, softcap)
+    return _linear_cross_entropy_chunked(input, linear_weight, target, linear_bias, reduction, ignore_index,
+                                         label_smoothing, softcap, chunk_size)
+
+
+@scripted_as(_cross_entropy)
+def cross_entropy(logits: Tensor, target: Tensor, *, reduction: str = "mean", ignore_index: int = -100,
+                  label_smoothing: float = 0.0, softcap: float | None = None) -> Tensor:
+    """``F.cross_entropy`` over the last dimension of ``logits``, fused: one pass forward, one backward.
+
+    For models that need the logits anyway (else :func:`linear_cross_entropy` saves their memory). Equal to
+    ``F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ...)`` (reshaped to target's shape for
+    ``"none"``): the class dimension is the *last* one whatever the rank, as in language models (torch's
+    takes dimension 1 of inputs of more than two dimensions).
+
+    Args:
+        logits: ``(..., V)`` float16, bfloat16, float32 or float64, any layout.
+        target, reduction, ignore_index, label_smoothing, softcap: as for :func:`linear_cross_entropy`.
+
+    Returns:
+        The loss in logits' dtype (0-dim, or target's shape for ``"none"``). float32 math for 16-bit logits
+        (float64 for float64) without a float32 copy of them; autocast leaves the logits as they are.
+
+    Differentiable in ``logits`` (first derivatives): the forward saves each row's log-sum-exp, the backward
+    reads the logits once and writes their gradient. No host synchronisation. Works under ``torch.compile``,
+    ``torch.export``, TorchScript (as ``torch.ops.myns.cross_entropy``) and AOTInductor.
+    """
+    try:
+        return _cross_entropy_c(logits, target, reduction, ignore_index, label_smoothing, softcap)
+    except RuntimeError:
+        return _failed(_cross_entropy_c, _cross_entropy, logits, target, reduction, ignore_index, label_smoothing,
+                       softcap)
+
+
+@traced_as(cross_entropy)
+def _cross_entropy_traced(logits: Tensor, target: Tensor, *, reduction: str = "mean", ignore_index: int = -100,
+                          label_smoothing: float = 0.0, softcap: float | None = None) -> Tensor:
+    return _cross_entropy(logits, target, reduction, ignore_index, label_smoothing, softcap)
+
+
+@scripted_as(_rotary_embedding)
+def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,
+                     interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """Rotary position embeddings of q and k in one pass: ``(q * cos + rotate_half(q) * sin, k * cos +
+    rotate_half(k) * sin)`` over the first ``rot = cos.shape[-1]`` features of each head, the features past
+    ``rot`` passed through unchanged (partial rotary, as Phi / GLM apply it), cos and sin unsqueezed at
+    ``unsqueeze_dim`` and broadcast as in transformers (``rotate_half(x) = cat(-x2, x1)`` of its halves).
+
+    Args:
+        q, k: ``[batch, heads, seq, head_dim]`` (``unsqueeze_dim=1``) or ``[batch, seq, heads, head_dim]``
+            (``unsqueeze_dim=2``), float16, bfloat16, float32 or float64, same dtype and device; k's heads may
+            differ from q's (GQA). Any strides: the usual ``x.view(b, s, h, d).transpose(1, 2)`` is read in place
+            (a last dimension that is not dense is copied first).
+        cos, sin: ``[1 or batch, 1 or seq, rot]`` of q's dtype, ``rot`` even and at most head_dim; constants (an
+            error if either requires grad: no gradient flows to them).
+        unsqueeze_dim: 1 or 2, as above.
+        interleaved: GPT-J's rotate-every-two: pairs ``(2i, 2i + 1)`` with cos and sin in that layout.
+
+    Returns:
+        Two new contiguous tensors of q's and k's shapes and dtype; float16/bfloat16 computed in float32, rounded
+        once.
+
+    Differentiable in q and k (the backward, ``myns::_rotary_embedding_backward``, rotates by the negative angle),
+    to any order and in forward mode, also under ``torch.func``. Works under ``torch.compile``, ``torch.export``,
+    TorchScript and AOTInductor. :func:`apply_rotary_pos_emb` takes transformers' arguments.
+    """
+    try:
+        return _rotary_embedding_c(q, k, cos, sin, unsqueeze_dim, interleaved)
+    except RuntimeError:
+        return _failed(_rotary_embedding_c, _rotary_embedding, q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+@traced_as(rotary_embedding)
+def _rotary_embedding_traced(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,
+                             interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    return _rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+def apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
+                         unsqueeze_dim: int = 1, interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """transformers' ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``: a drop-in for
+    it, :func:`rotary_embedding` with transformers' arguments. ``position_ids`` is accepted and ignored, as in
+    transformers (cos and sin are already per position). TorchScript compiles it as :func:`rotary_embedding`.
+    """
+    if torch.jit.is_scripting():  # TorchScript compiles this branch alone
+        return torch.ops.myns.rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+    else:
+        return rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+@traced_as(apply_rotary_pos_emb)
+def _apply_rotary_pos_emb_traced(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor | None = None,
+                                 unsqueeze_dim: int = 1, interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    return _rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+@scripted_as(_rotary_embedding_inplace)
+def rotary_embedding_(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int, cos_sin_cache: Tensor,
+                      is_neox: bool = True) -> None:
+    """vLLM's in-place rotary embedding (``vllm._custom_ops.rotary_embedding``): rotates ``query`` and ``key``.
+
+    Token ``t`` is rotated by row ``positions[t]`` of ``cos_sin_cache``, whose first ``rot / 2`` values are the
+    cos of each pair and the next ``rot / 2`` its sin; only the first ``rot`` features of each head are rotated.
+
+    Args:
+        positions: int64 (or int32) ``[tokens]``.
+        query, key: ``[tokens, heads * head_size]`` or ``[tokens, heads, head_size]``, float16, bfloat16, float32
+            or float64, any token and head strides with a dense last dimension (a slice of a fused qkv projection
+            is rotated where it is); key may be None and may have other heads than query. Written in place; they
+            must not share memory with each other or the cache.
+        head_size: the features of a head.
+        cos_sin_cache: ``[max_position, rot]``, query's dtype or float32 (16-bit query), rot even and at most
+            head_size.
+        is_neox: True for the rotate-half layout (pairs ``(i, i + rot / 2)``), False for GPT-J's interleaved pairs
+            ``(2i, 2i + 1)``.
+
+    Inference only: raises if any tensor requires grad. A position outside ``[0, max_position)`` raises on the
+    CPU (before anything is written); on CUDA, which never synchronises to check, that token is left as it is
+    (nothing is read from the cache for it, nothing written). Works under ``torch.compile``, ``torch.export``,
+    TorchScript (as ``torch.ops.myns.rotary_embedding_``) and AOTInductor.
+    """
+    try:
+        _rotary_embedding_inplace_c(positions, query, key, head_size, cos_sin_cache, is_neox)
+    except RuntimeError:
+        _failed(_rotary_embedding_inplace_c, _rotary_embedding_inplace, positions, query, key, head_size,
+                cos_sin_cache, is_neox)
+
+
+@traced_as(rotary_embedding_)
+def _rotary_embedding__traced(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int,
+                              cos_sin_cache: Tensor, is_neox: bool = True) -> None:
+    _rotary_embedding_inplace(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@scripted_as(_qk_norm_rope)
+def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
+                 eps: float = 1e-6, *, weight_offset: float = 0.0, unsqueeze_dim: int = 1,
+                 interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """Per-head RMSNorm of q and k followed by their rotary embedding (Qwen3, Gemma 3), in one pass per tensor.
+
+    Equal to ``rotary_embedding(rms_norm(q, q_weight, eps, weight_offset=weight_offset),
+    rms_norm(k, k_weight, eps, weight_offset=weight_offset), cos, sin, unsqueeze_dim=unsqueeze_dim,
+    interleaved=interleaved)``, the normalised values kept in float32 (not rounded) before the rotation.
+
+    Args:
+        q, k, cos, sin, unsqueeze_dim, interleaved: as for :func:`rotary_embedding` (head_dim at least 1).
+        q_weight, k_weight: ``[head_dim]`` of q's dtype, or float32 with 16-bit q.
+        eps, weight_offset: as for :func:`rms_norm` (Gemma's ``1 + w`` is ``weight_offset=1.0``).
+
+    Returns:
+        Two new contiguous tensors of q's and k's shapes and dtype.
+
+    Differentiable in q, k, q_weight and k_weight (deterministic weight gradients), to any order under
+    ``create_graph=True`` and in forward mode, also under ``torch.func``. Works under ``torch.compile``,
+    ``torch.export``, TorchScript (as ``torch.ops.myns.qk_norm_rope``) and AOTInductor.
+    """
+    try:
+        return _qk_norm_rope_c(q, k, q_weight, k_weight, cos, sin, eps, weight_offset, unsqueeze_dim, interleaved)
+    except RuntimeError:
+        return _failed(_qk_norm_rope_c, _qk_norm_rope, q, k, q_weight, k_weight, cos, sin, eps, weight_offset,
+                       unsqueeze_dim, interleaved)
+
+
+@traced_as(qk_norm_rope)
+def _qk_norm_rope_traced(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
+                         eps: float = 1e-6, *, weight_offset: float = 0.0, unsqueeze_dim: int = 1,
+                         interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, weight_offset, unsqueeze_dim, interleaved)

@@ -96,19 +96,24 @@ inline void store_as(P* p, V v) {
 }
 
 // The first sweep's terms: h - shift (centred: for the mean) or h^2; with a residual, h = x + residual
-// rounded to T is stored to h_out first.
+// rounded to T is stored to h_out first. With `conv` (f32 sweeps of a 16-bit row), h is also stored there
+// as f32, for the later sweeps to read without converting again.
 template <bool kCentre, typename T, typename A>
 struct FirstTerms {
   const T* x;
   const T* residual;
   T* h_out;
   A shift;
+  float* conv;
   template <typename V>
   std::array<V, 1> at(int64_t j) const {
     V v = load_as<V>(x + j);
     if (residual != nullptr) {
       store_as(h_out + j, v + load_as<V>(residual + j));
       v = load_as<V>(h_out + j);  // the rounded value
+    }
+    if constexpr (std::is_same_v<V, float>) {
+      if (conv != nullptr) conv[j] = v;
     }
     return {kCentre ? v - V(shift) : v * v};
   }
@@ -120,6 +125,7 @@ struct FirstTerms {
       cpu::store8_from_float(h_out + j, v);
       if constexpr (!std::is_same_v<T, float>) v = cpu::load8_as_float(h_out + j);
     }
+    if (conv != nullptr) _mm256_storeu_ps(conv + j, v);
     return {{kCentre ? _mm256_sub_ps(v, _mm256_set1_ps(shift)) : _mm256_mul_ps(v, v)}};
   }
 #endif
@@ -128,13 +134,13 @@ struct FirstTerms {
 // The first sweep of a row: shift = h's first value when centred (the mean is then shift + sum / n:
 // exactly the value for a row of equal ones, and no large sum to cancel for a row far from zero).
 template <bool kCentre, typename T, typename A>
-FirstTerms<kCentre, T, A> first_terms(const ForwardRow<T, A>& row) {
+FirstTerms<kCentre, T, A> first_terms(const ForwardRow<T, A>& row, float* conv) {
   A shift = 0;
   if constexpr (kCentre) {
     shift = static_cast<A>(row.x[0]);
     if (row.residual != nullptr) shift = static_cast<A>(static_cast<T>(shift + static_cast<A>(row.residual[0])));
   }
-  return {row.x, row.residual, row.h_out, shift};
+  return {row.x, row.residual, row.h_out, shift, conv};
 }
 
 // (h - mean)^2: a centred row's second sweep.
@@ -245,6 +251,8 @@ BackwardRow<T, A> from(const BackwardRow<T, A>& r, int64_t j0) {
 struct PortableRows {
   template <typename T>
   static constexpr bool kVec = std::is_same_v<T, opmath_t<T>>;
+  template <typename T>
+  static constexpr bool kConverts = false;
 
   template <typename T, typename Fn>
   static void for_each(int64_t n, Fn&& fn) {
@@ -258,8 +266,8 @@ struct PortableRows {
   }
 
   template <bool kCentre, typename T, typename A>
-  static Moments<A> moments(const ForwardRow<T, A>& row, int64_t n) {
-    const auto first = first_terms<kCentre>(row);
+  static Moments<A> moments(const ForwardRow<T, A>& row, int64_t n, float* /*conv*/) {
+    const auto first = first_terms<kCentre>(row, nullptr);
     const double s = norm_cpu::blocked_sums_portable<A, 1, kVec<T>>(first, n)[0];
     const A m = static_cast<A>(first.shift + s / static_cast<double>(n));
     if constexpr (!kCentre) return {A(0), m};
@@ -269,7 +277,7 @@ struct PortableRows {
   }
 
   template <bool kCentre, typename T, typename A>
-  static void apply(const ForwardRow<T, A>& row, const T* h, int64_t n, A mean, A rstd) {
+  static void apply(const ForwardRow<T, A>& row, const T* h, const float* /*conv*/, int64_t n, A mean, A rstd) {
     for_each<T>(n, [&](auto v, int64_t j) {
       store_as(row.y + j, normalized_at<kCentre, decltype(v)>(h, row.w, row.b, j, mean, rstd));
     });
@@ -293,14 +301,24 @@ struct PortableRows {
 // pointers are copied to locals: stores through T* may alias the row struct, which would reload them every
 // step.
 struct Avx2Rows {
+  template <typename T>
+  static constexpr bool kConverts = is_16bit_float<T>;
+
+  // conv: where a 16-bit row's first sweep leaves it as f32 (n floats), which the later sweeps read instead.
   template <bool kCentre, typename T>
-  TORCHOPS_TARGET_AVX2 static Moments<float> moments(const ForwardRow<T, float>& row, int64_t n) {
-    const auto first = first_terms<kCentre>(row);
+  TORCHOPS_TARGET_AVX2 static Moments<float> moments(const ForwardRow<T, float>& row, int64_t n, float* conv) {
+    const auto first = first_terms<kCentre>(row, conv);
     const double s = norm_cpu::blocked_sums_avx2<1>(first, n)[0];
     const float m = static_cast<float>(first.shift + s / static_cast<double>(n));
     if constexpr (!kCentre) return {0.f, m};
-    const CentredSquares<T, float> squares{row.residual != nullptr ? row.h_out : row.x, m};
-    return {m, static_cast<float>(norm_cpu::blocked_sums_avx2<1>(squares, n)[0] / static_cast<double>(n))};
+    if (conv != nullptr) return {m, centred_mean_square(conv, n, m)};
+    return {m, centred_mean_square(row.residual != nullptr ? row.h_out : row.x, n, m)};
+  }
+
+  template <typename H>
+  TORCHOPS_TARGET_AVX2 static float centred_mean_square(const H* h, int64_t n, float mean) {
+    const CentredSquares<H, float> squares{h, mean};
+    return static_cast<float>(norm_cpu::blocked_sums_avx2<1>(squares, n)[0] / static_cast<double>(n));
   }
 
   // y[0..n) from h, w, b (each from the same element on).
@@ -321,8 +339,15 @@ struct Avx2Rows {
   }
 
   template <bool kCentre, typename T>
-  TORCHOPS_TARGET_AVX2 static void apply(const ForwardRow<T, float>& row, const T* h, int64_t n, float mean,
-                                         float rstd) {
+  TORCHOPS_TARGET_AVX2 static void apply(const ForwardRow<T, float>& row, const T* h, const float* conv, int64_t n,
+                                         float mean, float rstd) {
+    if (conv != nullptr) return apply_from<kCentre>(row, conv, n, mean, rstd);
+    apply_from<kCentre>(row, h, n, mean, rstd);
+  }
+
+  template <bool kCentre, typename T, typename H>
+  TORCHOPS_TARGET_AVX2 static void apply_from(const ForwardRow<T, float>& row, const H* h, int64_t n, float mean,
+                                              float rstd) {
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       if (norm_cpu::cpu_has_avx512bf16()) {
         return norm_cpu::by_bf16_blocks(row.y, n, [&](float* buf, int64_t j0, int64_t len) {
@@ -423,7 +448,13 @@ void forward_cpu(const NormForward& f) {
         const ForwardRow<T, A> r{px + row * x.row_stride, pres != nullptr ? pres + row * res.row_stride : nullptr,
                                  ph != nullptr ? ph + row * n : nullptr, pw, pb, py + row * n};
         const T* h = ph != nullptr ? r.h_out : r.x;
-        const Moments<A> m = Rows::template moments<kCentre>(r, n);
+        float* conv = nullptr;
+        if constexpr (Rows::template kConverts<T>) {
+          thread_local std::vector<float> conv_row;
+          conv_row.resize(n);
+          conv = conv_row.data();
+        }
+        const Moments<A> m = Rows::template moments<kCentre>(r, n, conv);
         A mean = m.mean, rstd;
         norm_cpu::ExactStats exact;
         if (!(std::isfinite(m.mean) && std::isfinite(m.var)) &&
@@ -432,7 +463,7 @@ void forward_cpu(const NormForward& f) {
           rstd = static_cast<A>(exact.rstd);
         } else {
           rstd = A(1) / std::sqrt(m.var + eps);  // F.rms_norm's and F.layer_norm's order
-          Rows::template apply<kCentre>(r, h, n, mean, rstd);
+          Rows::template apply<kCentre>(r, h, conv, n, mean, rstd);
         }
         if (pmean != nullptr) pmean[row] = mean;
         if (prstd != nullptr) prstd[row] = rstd;
@@ -514,20 +545,9 @@ struct CpuNorm {
     b.kind == NormKind::kLayer ? backward_cpu<true>(b) : backward_cpu<false>(b);
   }
 };
-using Ops = NormOps<CpuNorm>;
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(myns, CPU, m) {
-  m.impl("rms_norm", &Ops::rms_norm);
-  m.impl("_rms_norm_forward", &Ops::rms_norm_forward);
-  m.impl("_rms_norm_backward", &Ops::rms_norm_backward);
-  m.impl("add_rms_norm", &Ops::add_rms_norm);
-  m.impl("_add_rms_norm_forward", &Ops::add_rms_norm_forward);
-  m.impl("_add_rms_norm_backward", &Ops::add_rms_norm_backward);
-  m.impl("layer_norm", &Ops::layer_norm);
-  m.impl("_layer_norm_forward", &Ops::layer_norm_forward);
-  m.impl("_layer_norm_backward", &Ops::layer_norm_backward);
-}
+TORCH_LIBRARY_IMPL(myns, CPU, m) { register_norm_ops<CpuNorm>(m); }
 
 }  // namespace torchops

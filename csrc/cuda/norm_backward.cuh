@@ -303,7 +303,8 @@ __global__ void __launch_bounds__(kBlockPerRow ? kKeptThreads : 4 * kWarpSize, 1
 // stays in registers for the block's life and dweight (dbias) accumulate in registers (a thread owns the same
 // columns in every row), so the shared memory is all staging. The row is read from its buffer twice (the row's
 // sums, then dx and dweight). In a cluster, thread 0 copies each row's rstd (and mean) with the row, into a ring
-// of kStages + 1 slots read past the row's barrier. With 16-bit inputs one block adds dweight's terms in the
+// of kStages + 1 slots read past the row's barrier (layer_norm's mean, needed before it, is loaded with the row).
+// With 16-bit inputs one block adds dweight's terms in the
 // first sweep (add_chunk_and_params): fewer instructions past the barrier.
 template <typename T, typename W, bool kLayer, bool kDres, bool kCluster>
 __global__ void __launch_bounds__(kStagedThreads, 1) norm_staged_rows_backward_kernel(BackwardArgs<T, W> a) {
@@ -321,7 +322,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) norm_staged_rows_backward_k
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ S scratch[2][M::kStats][kWarpSize];
   __shared__ typename M::Stats cluster_slots[2];
-  __shared__ A stat_ring[kCluster ? 2 : 1][kCluster ? kStages + 1 : 1];  // rstd, mean
+  __shared__ A stat_ring[kCluster ? kStages + 1 : 1];  // rstd
   Ring ring(dynamic_smem);
   const int tid = threadIdx.x, threads = blockDim.x, n = a.n;
   const int cluster = kCluster ? static_cast<int>(cluster_blocks()) : 1;
@@ -341,10 +342,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) norm_staged_rows_backward_k
     src[0] = a.h.row(at) + col;
     src[1] = a.dy.row(at) + col;
     if constexpr (kDres) src[2] = a.dres.row(at) + col;
-    if (kCluster && valid && threadIdx.x == 0) {
-      copy_async_4(&stat_ring[0][stat_slot(row)], a.rstd + row);
-      if constexpr (kLayer) copy_async_4(&stat_ring[kCluster ? 1 : 0][stat_slot(row)], a.mean + row);
-    }
+    if (kCluster && valid && threadIdx.x == 0) copy_async_4(&stat_ring[stat_slot(row)], a.rstd + row);
     ring.fetch(stage, src, n_chunks, valid);
   };
 #pragma unroll
@@ -364,17 +362,18 @@ __global__ void __launch_bounds__(kStagedThreads, 1) norm_staged_rows_backward_k
     // the row kStages - 1 ahead goes into the buffer the previous row freed
     fetch(row + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
     const A r_loaded = kCluster ? A(0) : a.rstd[row];
-    const A mean_loaded = kCluster || !kLayer ? A(0) : a.mean[row];
+    // layer_norm's first sweep needs the mean (its sums are of g * (h - mean)): loaded with the row everywhere
+    const A mean = kLayer ? a.mean[row] : A(0);
     Ring::wait();
     typename M::Stats s = zero_sums<S, M::kStats>();
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       if (tid + k * threads < n_chunks) {
         if constexpr (kParamsFirst) {
-          M::add_chunk_and_params(s, ring.at(stage, 0, k), ring.at(stage, 1, k), wc[k], scale, a.offset, mean_loaded,
+          M::add_chunk_and_params(s, ring.at(stage, 0, k), ring.at(stage, 1, k), wc[k], scale, a.offset, mean,
                                   want_dw, want_db, r_loaded, dw[k], db[k]);
         } else {
-          M::add_chunk(s, ring.at(stage, 0, k), ring.at(stage, 1, k), wc[k], scale, a.offset, mean_loaded);
+          M::add_chunk(s, ring.at(stage, 0, k), ring.at(stage, 1, k), wc[k], scale, a.offset, mean);
         }
       }
     }
@@ -383,9 +382,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1) norm_staged_rows_backward_k
     const int parity = static_cast<int>((row - begin) & 1);
     s = warps_sum(s, scratch, parity, 0, threads / kWarpSize);
     if constexpr (kCluster) s = cluster_sum(s, cluster_slots, parity, cluster);
-    // thread 0's copies, past the row's barrier
-    const A r = kCluster ? stat_ring[0][stat_slot(row)] : r_loaded;
-    const A mean = kCluster && kLayer ? stat_ring[kCluster ? 1 : 0][stat_slot(row)] : mean_loaded;
+    const A r = kCluster ? stat_ring[stat_slot(row)] : r_loaded;  // thread 0's copy, past the row's barrier
     A c1, c2;
     M::coefficients(s, n, r, c1, c2);
     T* dxr = a.dx + row * n + col;

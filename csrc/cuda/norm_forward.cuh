@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
         return read_chunk<T, kC>(xr, c, keep, kVec);
       }
     };
-    Stats st = zero_sums<double, M::kStats>();
+    typename M::Partial part = zero_sums<RowSum<T>, M::kStats>();
     auto sweep1_batch = [&](int c, int j) {
       Chunk v[kIn];
       if constexpr (kAdd) {  // all of input's loads, then all of residual's, then the adds
@@ -321,15 +321,16 @@ __global__ void __launch_bounds__(kKeep == Keep::kInputsAgain && kPer == 1 ? kAd
       typename M::Local local{};
 #pragma unroll
       for (int k = 0; k < kIn; ++k) M::accumulate(local, v[k], shift);
-      M::add_overflowing(st, local);
+      M::add_overflowing(part, local);
     };
     stream_sweep<kPer, kIn>(threads, n_chunks, sweep1_batch, [&](int c, int j) {
       const Chunk v = first_read(c);
       if constexpr (kKept) kept[j * threads] = v;
       typename M::Local local{};
       M::accumulate(local, v, shift);
-      M::add_overflowing(st, local);
+      M::add_overflowing(part, local);
     });
+    Stats st = M::widen(part);
     if (!std::is_same_v<A, double> && !isfinite(st.v[M::kStats - 1])) {
       // rare: this thread's share overflowed the working precision: summed again in f64
       st = zero_sums<double, M::kStats>();

@@ -179,11 +179,23 @@ struct RowMath {
     for (int i = 0; i < kStats; ++i) s.v[i] += static_cast<double>(local.v[i]);
   }
 
-  // s += local in f64; an overflow of the working precision shows as a sum that is not finite (the kernel sums
-  // that thread's share again in f64).
-  __device__ static __forceinline__ void add_overflowing(Stats& s, const Local& local) {
+  // A thread's sums over a whole row sweep: RowSum<T> (f32 for 16-bit input, like its math; f64 for f32 and f64,
+  // so a long row's error does not grow with its length), widened to f64 for the row's reduction.
+  using Partial = Sums<RowSum<T>, kStats>;
+
+  // s += local; an overflow of the working precision shows as a sum that is not finite (the kernel sums that
+  // thread's share again in f64).
+  template <typename S>
+  __device__ static __forceinline__ void add_overflowing(Sums<S, kStats>& s, const Local& local) {
 #pragma unroll
-    for (int i = 0; i < kStats; ++i) s.v[i] += static_cast<double>(local.v[i]);
+    for (int i = 0; i < kStats; ++i) s.v[i] += static_cast<S>(local.v[i]);
+  }
+
+  __device__ static __forceinline__ Stats widen(const Partial& p) {
+    Stats s;
+#pragma unroll
+    for (int i = 0; i < kStats; ++i) s.v[i] = static_cast<double>(p.v[i]);
+    return s;
   }
 
   // mean (layer_norm; 0 for rms_norm) and rstd of a row from its reduced sums (inv_n = 1 / n), in the working
@@ -197,7 +209,7 @@ struct RowMath {
     if constexpr (kLayer) {
       const double m1 = s.v[0] * inv_n;
       spread = s.v[1] * inv_n - m1 * m1;
-      spread = spread > 0 ? spread : 0;
+      if (spread < 0) spread = 0;  // rounding; NaN (a row holding inf or NaN) stays NaN
       mean = static_cast<A>(static_cast<double>(shift) + m1);
     } else {
       (void)shift;

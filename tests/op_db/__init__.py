@@ -6,7 +6,7 @@ to FAMILIES below; test_ops.py, test_pt2.py and test_registration.py then cover 
 
 from __future__ import annotations
 
-from op_db import csr, elementwise, norm
+from op_db import csr, elementwise, loss, norm, rotary
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +14,7 @@ from op_db.core import ErrorInput, OpInfo, Sample, expect, upcast  # noqa: F401
 from op_db.csr import _csr_indices, csr_spmm_reference, csr_transpose_reference  # noqa: F401
 from op_db.norm import rms_norm_reference  # noqa: F401
 
-FAMILIES = (elementwise, csr, norm)
+FAMILIES = (elementwise, csr, norm, loss, rotary)
 OP_DB: list[OpInfo] = [info for family in FAMILIES for info in family.OPS]
 OPS_BY_NAME = {info.name: info for info in OP_DB}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -184,14 +185,6 @@ def _rms_norm_input_errors(op: str, device: str, extra: tuple = ()) -> list[Erro
 CUDA_MAX_ROW = (1 << 31) - (1 << 16) - 1  # CudaNorm::kMaxRow (csrc/cuda/norm.cu)
 
 
-def rms_norm_errors(device: str) -> list[ErrorInput]:
-    return _rms_norm_input_errors("rms_norm", device)
-
-
-def rms_norm_forward_errors(device: str) -> list[ErrorInput]:
-    return _rms_norm_input_errors("_rms_norm_forward", device)
-
-
 def rms_norm_backward_errors(device: str) -> list[ErrorInput]:
     f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
     x, w = f32(4, 8), f32(8)
@@ -324,14 +317,6 @@ def _add_rms_norm_errors(op: str, device: str) -> list[ErrorInput]:
     if device == "cuda":
         cases.append(e(Sample((x, torch.randn(4, 8), w, 1e-6, 0.0)), "same_device", **pair, **_CUDA_VS_CPU))
     return cases
-
-
-def add_rms_norm_errors(device: str) -> list[ErrorInput]:
-    return _add_rms_norm_errors("add_rms_norm", device)
-
-
-def add_rms_norm_forward_errors(device: str) -> list[ErrorInput]:
-    return _add_rms_norm_errors("_add_rms_norm_forward", device)
 
 
 def add_rms_norm_backward_errors(device: str) -> list[ErrorInput]:
@@ -522,86 +507,22 @@ def layer_norm_backward_errors(device: str) -> list[ErrorInput]:
     return cases
 
 
-OPS: list[OpInfo] = [
-    OpInfo(
-        name="rms_norm",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=rms_norm_samples,
-        reference=rms_norm_reference,
-        error_inputs=rms_norm_errors,
-        sized_inputs=rms_norm_sized,
-    ),
-    OpInfo(
-        name="_rms_norm_forward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=rms_norm_forward_samples,
-        reference=rms_norm_forward_reference,
-        error_inputs=rms_norm_forward_errors,
-        sized_inputs=rms_norm_sized,
-        output_dtypes=rms_norm_forward_dtypes,
-    ),
-    OpInfo(
-        name="_rms_norm_backward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=rms_norm_backward_samples,
-        reference=rms_norm_backward_reference,
-        error_inputs=rms_norm_backward_errors,
-        sized_inputs=rms_norm_backward_sized,
-        differentiable=False,  # double backward is refused by its Autograd kernel
-        output_dtypes=rms_norm_backward_dtypes,
-    ),
-    OpInfo(
-        name="add_rms_norm",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=add_rms_norm_samples,
-        reference=add_rms_norm_reference,
-        error_inputs=add_rms_norm_errors,
-        sized_inputs=add_rms_norm_sized,
-    ),
-    OpInfo(
-        name="_add_rms_norm_forward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=add_rms_norm_forward_samples,
-        reference=add_rms_norm_forward_reference,
-        error_inputs=add_rms_norm_forward_errors,
-        sized_inputs=add_rms_norm_sized,
-        output_dtypes=add_rms_norm_forward_dtypes,
-    ),
-    OpInfo(
-        name="_add_rms_norm_backward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=add_rms_norm_backward_samples,
-        reference=add_rms_norm_backward_reference,
-        error_inputs=add_rms_norm_backward_errors,
-        sized_inputs=add_rms_norm_backward_sized,
-        differentiable=False,  # double backward is refused by its Autograd kernel
-        output_dtypes=add_rms_norm_backward_dtypes,
-    ),
-    OpInfo(
-        name="layer_norm",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=layer_norm_samples,
-        reference=layer_norm_reference,
-        error_inputs=functools.partial(layer_norm_input_errors, "layer_norm"),
-        sized_inputs=layer_norm_sized,
-    ),
-    OpInfo(
-        name="_layer_norm_forward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=layer_norm_forward_samples,
-        reference=layer_norm_forward_reference,
-        error_inputs=functools.partial(layer_norm_input_errors, "_layer_norm_forward"),
-        sized_inputs=layer_norm_sized,
-        output_dtypes=layer_norm_forward_dtypes,
-    ),
-    OpInfo(
-        name="_layer_norm_backward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=layer_norm_backward_samples,
-        reference=layer_norm_backward_reference,
-        error_inputs=layer_norm_backward_errors,
-        sized_inputs=layer_norm_backward_sized,
-        differentiable=False,  # double backward is refused by its Autograd kernel
-        output_dtypes=layer_norm_backward_dtypes,
-    ),
-]
+def _norm_op_infos(op: str, input_errors: Callable[..., list[ErrorInput]]) -> list[OpInfo]:
+    """A norm's three OpInfos, from this module's functions named after it: the op, its internal forward (out and
+    the saved statistics) and backward (differentiating it raises, by name, from its Autograd kernel)."""
+    row = lambda suffix, kind: globals()[f"{op}{suffix}_{kind}"]  # noqa: E731
+    forward, backward = f"_{op}_forward", f"_{op}_backward"
+    return [
+        OpInfo(op, FLOAT_DTYPES, row("", "samples"), row("", "reference"), functools.partial(input_errors, op),
+               row("", "sized")),
+        OpInfo(forward, FLOAT_DTYPES, row("_forward", "samples"), row("_forward", "reference"),
+               functools.partial(input_errors, forward), row("", "sized"), output_dtypes=row("_forward", "dtypes")),
+        OpInfo(backward, FLOAT_DTYPES, row("_backward", "samples"), row("_backward", "reference"),
+               row("_backward", "errors"), row("_backward", "sized"), differentiable=False,
+               output_dtypes=row("_backward", "dtypes")),
+    ]
+
+
+OPS: list[OpInfo] = (_norm_op_infos("rms_norm", _rms_norm_input_errors)
+                     + _norm_op_infos("add_rms_norm", _add_rms_norm_errors)
+                     + _norm_op_infos("layer_norm", layer_norm_input_errors))
