@@ -291,10 +291,10 @@ def check_csr_ops(mesh: Any, device: str) -> int:
         check_against_reference("_csr_spmm_with_transpose", fn_t, [values, dense], [pv, pd], mesh, out_placements=[want])
         n += 1
     g = rand(7, 6, device=device)
-    sddmm = torch.ops.myns._csr_sddmm
+    sddmm = torch.ops.myns.sddmm
     for pg, pd, want in [(S1, S1, P), (R, R, R), (P, R, P)]:
         fn = lambda gg, d: sddmm(idx(crow), idx(col), gg, d) if isinstance(gg, DTensor) else sddmm(crow, col, gg, d)  # noqa: E731
-        check_against_reference("_csr_sddmm", fn, [g, dense], [pg, pd], mesh, out_placements=[want])
+        check_against_reference("sddmm", fn, [g, dense], [pg, pd], mesh, out_placements=[want])
         n += 1
     # Row-sharded A: each rank multiplies its own block of rows (odd row count: uneven blocks).
     for m in (7, 3):

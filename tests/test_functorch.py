@@ -198,7 +198,7 @@ def test_gradcheck_forward_and_double_backward_csr() -> None:
     dense = _randn(3, 2, seed=61).requires_grad_()
     grad_out = _randn(4, 2, seed=62).requires_grad_()
     spmm = lambda v, d: torch.ops.myns.csr_spmm(CROW, COL, v, d)  # noqa: E731
-    sddmm = lambda g, d: torch.ops.myns._csr_sddmm(CROW, COL, g, d)  # noqa: E731
+    sddmm = lambda g, d: torch.ops.myns.sddmm(CROW, COL, g, d)  # noqa: E731
     t_crow, t_col, t_perm = torch.ops.myns._csr_transpose(CROW, COL, 3)
     with_t = lambda v, d: torch.ops.myns._csr_spmm_with_transpose(CROW, COL, v, d, t_crow, t_col, t_perm)  # noqa: E731
     for f, args in ((spmm, (values, dense)), (sddmm, (grad_out, dense)), (with_t, (values, dense))):

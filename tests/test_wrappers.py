@@ -113,6 +113,21 @@ class Spmm(torch.nn.Module):
         return torchops.spmm(A, dense)
 
 
+class SpmmReduce(torch.nn.Module):
+    def forward(self, crow: Tensor, col: Tensor, dense: Tensor, values: Tensor) -> Tensor:
+        return torchops.spmm_reduce(crow, col, values, dense, "max") + torchops.spmm_reduce(crow, col, None, dense)
+
+
+class Sddmm(torch.nn.Module):
+    def forward(self, crow: Tensor, col: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        return torchops.sddmm(crow, col, a, b) + torchops.sddmm(crow, col, a[:, 0], b[:, 1], op="mul")
+
+
+class CsrSoftmax(torch.nn.Module):
+    def forward(self, crow: Tensor, values: Tensor) -> Tensor:
+        return torchops.csr_softmax(crow, values)
+
+
 class LinearCrossEntropy(torch.nn.Module):
     def forward(self, x: Tensor, w: Tensor, t: Tensor, b: Tensor) -> Tensor:
         return torchops.linear_cross_entropy(x, w, t, linear_bias=b, reduction="sum") + torchops.linear_cross_entropy(
@@ -162,6 +177,9 @@ SCRIPT_CASES: dict[str, tuple[type[torch.nn.Module], Callable[[], tuple[Any, ...
     "add_rms_norm": (AddRMSNorm, lambda: (_x(), _x(), torch.randn(8))),
     "layer_norm": (LayerNormCall, lambda: (_x(), torch.randn(8), torch.randn(8))),
     "csr_spmm": (CsrSpmm, lambda: (*_csr(), torch.randn(4, 5))),
+    "spmm_reduce": (SpmmReduce, lambda: (*_csr()[:2], torch.randn(4, 5), torch.randn(3))),
+    "sddmm": (Sddmm, lambda: (*_csr()[:2], torch.randn(3, 5), torch.randn(4, 5))),
+    "csr_softmax": (CsrSoftmax, lambda: (_csr()[0], torch.randn(3, 2))),
     "linear_cross_entropy": (LinearCrossEntropy, lambda: (_x(), torch.randn(5, 8), torch.tensor([0, 4, 2]),
                                                           torch.randn(5))),
     "cross_entropy": (CrossEntropy, lambda: (torch.randn(3, 5), torch.tensor([0, 4, 2]))),
@@ -173,7 +191,8 @@ SCRIPT_CASES: dict[str, tuple[type[torch.nn.Module], Callable[[], tuple[Any, ...
     "qk_norm_rope": (QkNormRope, lambda: (*_rope_args()[:2], torch.randn(8), torch.randn(8), *_rope_args()[2:])),
 }
 # The ops' other arguments without defaults (optional tensors too), for calls made with keywords.
-REQUIRED_NON_TENSORS: dict[str, dict[str, Any]] = {"rotary_embedding_": {"head_size": 8, "key": None}}
+REQUIRED_NON_TENSORS: dict[str, dict[str, Any]] = {"rotary_embedding_": {"head_size": 8, "key": None},
+                                                   "spmm_reduce": {"values": None}}
 
 
 def test_every_wrapper_has_a_scripting_case() -> None:
