@@ -10,7 +10,7 @@ import pytest
 
 from torchops import demo
 
-pytestmark = pytest.mark.slow  # compiles two models
+pytestmark = pytest.mark.slow  # compiles three models
 
 
 @pytest.mark.parametrize("steps", [0, 1])
@@ -21,8 +21,8 @@ def test_demo_runs_with_few_steps(steps: int) -> None:
     text = out.getvalue()
     assert status == 0, text
     assert "FAILED" not in text and text.rstrip().endswith("all agree"), text
-    assert text.count("losses agree: yes") == 2, text
-    assert text.count("loss went down: yes") == (2 if steps else 0), text
+    assert text.count("losses agree: yes") == 3, text
+    assert text.count("loss went down: yes") == (3 if steps else 0), text
 
 
 def test_demo_refuses_negative_steps(capsys) -> None:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
 
 import torchops
-from helpers import (DEVICES, FLOAT_DTYPES, HAS_CUDA, TOLERANCES, assert_close_to_reference, needs_gpu_memory,
+from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, HAS_CUDA, TOLERANCES, assert_close_to_reference, needs_gpu_memory,
                      random_tensor, requires_cuda, run_python)
 from torchops._meta_kernels import _checks
 from op_db import OPS_BY_NAME, upcast
@@ -40,7 +40,7 @@ from op_db.rotary import (qk_norm_rope_reference, rotary_reference, rotate_half,
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap's batching fallback
 
 D = torch.float64
-HALF = (torch.float16, torch.bfloat16)
+HALF = HALF_DTYPES
 # The ops differentiable in their rows (and qk_norm_rope's weights), and which of their arguments those are.
 DIFFERENTIABLE = {"rotary_embedding": (0, 1), "_rotary_embedding_backward": (0, 1), "qk_norm_rope": (0, 1, 2, 3)}
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import torchops
-from helpers import DEVICES, FLOAT_DTYPES, HAS_CUDA, INT_DTYPES, requires_cuda
+from helpers import DEVICES, FLOAT_DTYPES, HALF_DTYPES, HAS_CUDA, INT_DTYPES, requires_cuda
 from op_db import _csr_indices
 from op_db.csr import (csr_softmax_reference, spmm_reduce_arg_reference, spmm_reduce_backward_reference,
                        spmm_reduce_reference)
@@ -466,7 +466,7 @@ def assert_cuda_matches_f64(crow, col, values, dense, reduce: str) -> None:
     expected = spmm_reduce_reference(*args, reduce)
     dtype = dense.dtype
     tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
-    if dtype in (torch.float16, torch.bfloat16):
+    if dtype in HALF_DTYPES:
         tol = dict(rtol=2e-2, atol=2e-2 * max(float(expected.abs().max()), 1.0))
     torch.testing.assert_close(got.cpu().double(), expected, **tol)
     if reduce in ("max", "min") and dtype != torch.float32:
