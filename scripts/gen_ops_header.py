@@ -158,10 +158,10 @@ c10::TypedOperatorHandle<Fn> find_op(const char* name) {
 }  // namespace detail
 
 // Each entry holds its op's handle in a function-local static.
-#define TORCHOPS_CALL(name, ...)                                                        \\
-  [&] {                                                                                 \\
-    static const auto op = ::torchops::detail::find_op<decltype(name)>("myns::" #name); \\
-    return op.call(__VA_ARGS__);                                                        \\
+#define TORCHOPS_CALL(name, ...)                                                            \\
+  [&] {                                                                                     \\
+    static const auto handle_ = ::torchops::detail::find_op<decltype(name)>("myns::" #name); \\
+    return handle_.call(__VA_ARGS__);                                                       \\
   }()
 """
 
