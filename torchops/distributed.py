@@ -383,6 +383,11 @@ def _loss_forward(op: torch._ops.OpOverload, scores: str) -> Callable[..., list[
         if reduction in ("none", "sum"):
             for d in range(args.ndim(scores) - 1):
                 rules.append(([Shard(d) if reduction == "none" else Partial()], by(Shard(d))))
+        return rules
+
+    return rule
+
+
 # Rotary embeddings: the rows (a head of a token) may be sharded by batch, heads or sequence, never along head_dim.
 
 
@@ -467,6 +472,11 @@ def _linear_cross_entropy_backward(op: torch._ops.OpOverload) -> Callable[..., l
         rules = [add(Replicate(), Replicate(), Replicate(), Replicate())]
         rules += [add(Shard(d), Shard(d), Shard(d), Partial()) for d in range(args.ndim("input") - 1)]
         rules.append(add(Partial(), Replicate(), Partial(), Partial()))
+        return rules
+
+    return rule
+
+
 def _qk_norm_rope_backward(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
     """(grad_q, grad_k, grad_q_weight, grad_k_weight): rows and incoming gradients split alike, the weights'
     gradients Partial while rows are split; a placeholder (a gradient not given or not asked for) Replicate."""
@@ -506,6 +516,11 @@ def _cross_entropy_rows(op: torch._ops.OpOverload, row_inputs: Sequence[str], n_
         if linear_in is not None:
             by = {n: Partial() if n == linear_in else Replicate() for n in names}
             rules.append(([Partial()] * n_out, args.placements(by)))
+        return rules
+
+    return rule
+
+
 def _rotary_inplace(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
     """rotary_embedding_: query and key written where they are (_keep_mutated_placements drops the rest)."""
 
