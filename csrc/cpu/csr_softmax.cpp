@@ -31,79 +31,64 @@ void row_stats(const T* x, int64_t begin, int64_t end, int64_t H, std::vector<Ac
   }
 }
 
-// f(index_t, scalar_t) for the crow and values dtypes of a softmax (or its backward).
-template <typename F>
-void dispatch_softmax(const at::Tensor& crow, const at::Tensor& values, F&& f) {
-  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_softmax_cpu", [&] {
-    TORCHOPS_DISPATCH_FLOAT_TYPES(values.scalar_type(), "csr_softmax_cpu", [&] { f(index_t{}, scalar_t{}); });
-  });
-}
-
-}  // namespace
-
-at::Tensor CpuCsrBackend::softmax(const char* op, const at::Tensor& crow_in, const at::Tensor& values_in) {
+// The softmax of each row (grad undefined), or its gradient given grad_y: one routine, both directions
+// recompute the row's statistics the same way.
+at::Tensor softmax_cpu(const char* op, const at::Tensor& crow_in, const at::Tensor& values_in,
+                       const at::Tensor& grad_in) {
+  const bool backward = grad_in.defined();
   const at::Tensor crow = crow_in.contiguous(), values = values_in.contiguous();
+  const at::Tensor g = backward ? grad_in.contiguous() : at::Tensor();
   const int64_t nnz = values.size(0), M = crow.numel() - 1, H = values.dim() == 2 ? values.size(1) : 1;
   check_crow_structure_cpu(op, crow, nnz, "values");
   at::Tensor out = empty_dense_cpu(values.sizes(), values.scalar_type());
   if (out.numel() == 0) return out;
-  dispatch_softmax(crow, values, [&](auto index, auto scalar) {
-    using index_t = decltype(index);
-    using scalar_t = decltype(scalar);
-    using acc_t = opmath_t<scalar_t>;
-    const index_t* pc = crow.const_data_ptr<index_t>();
-    const scalar_t* x = values.const_data_ptr<scalar_t>();
-    scalar_t* y = out.mutable_data_ptr<scalar_t>();
-    cpu::parallel_over_rows(pc, M, H, [&](int64_t r0, int64_t r1) {
-      std::vector<acc_t> top(H), sum(H);
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t begin = pc[r], end = pc[r + 1];
-        if (begin == end) continue;
-        row_stats(x, begin, end, H, top, sum);
-        for (int64_t p = begin; p < end; ++p) {
-          for (int64_t h = 0; h < H; ++h) {
-            y[p * H + h] = static_cast<scalar_t>(std::exp(static_cast<acc_t>(x[p * H + h]) - top[h]) / sum[h]);
+  TORCHOPS_DISPATCH_INDEX_TYPES(crow.scalar_type(), "csr_softmax_cpu", [&] {
+    TORCHOPS_DISPATCH_FLOAT_TYPES(values.scalar_type(), "csr_softmax_cpu", [&] {
+      using acc_t = opmath_t<scalar_t>;
+      const index_t* pc = crow.const_data_ptr<index_t>();
+      const scalar_t* x = values.const_data_ptr<scalar_t>();
+      const scalar_t* pg = backward ? g.const_data_ptr<scalar_t>() : nullptr;
+      scalar_t* po = out.mutable_data_ptr<scalar_t>();
+      cpu::parallel_over_rows(pc, M, H, [&](int64_t r0, int64_t r1) {
+        std::vector<acc_t> top(H), sum(H), dot(H);
+        const auto y = [&](int64_t p, int64_t h) {
+          return std::exp(static_cast<acc_t>(x[p * H + h]) - top[h]) / sum[h];
+        };
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t begin = pc[r], end = pc[r + 1];
+          if (begin == end) continue;
+          row_stats(x, begin, end, H, top, sum);
+          if (!backward) {
+            for (int64_t p = begin; p < end; ++p) {
+              for (int64_t h = 0; h < H; ++h) po[p * H + h] = static_cast<scalar_t>(y(p, h));
+            }
+            continue;
+          }
+          std::fill(dot.begin(), dot.end(), acc_t(0));
+          for (int64_t p = begin; p < end; ++p) {
+            for (int64_t h = 0; h < H; ++h) dot[h] += static_cast<acc_t>(pg[p * H + h]) * y(p, h);
+          }
+          for (int64_t p = begin; p < end; ++p) {
+            for (int64_t h = 0; h < H; ++h) {
+              po[p * H + h] = static_cast<scalar_t>(y(p, h) * (static_cast<acc_t>(pg[p * H + h]) - dot[h]));
+            }
           }
         }
-      }
+      });
     });
   });
   return out;
 }
 
-at::Tensor CpuCsrBackend::softmax_backward(const char* op, const at::Tensor& crow_in, const at::Tensor& grad_in,
-                                           const at::Tensor& values_in) {
-  const at::Tensor crow = crow_in.contiguous(), g = grad_in.contiguous(), values = values_in.contiguous();
-  const int64_t nnz = values.size(0), M = crow.numel() - 1, H = values.dim() == 2 ? values.size(1) : 1;
-  check_crow_structure_cpu(op, crow, nnz, "values");
-  at::Tensor grad = empty_dense_cpu(values.sizes(), values.scalar_type());
-  if (grad.numel() == 0) return grad;
-  dispatch_softmax(crow, values, [&](auto index, auto scalar) {
-    using index_t = decltype(index);
-    using scalar_t = decltype(scalar);
-    using acc_t = opmath_t<scalar_t>;
-    const index_t* pc = crow.const_data_ptr<index_t>();
-    const scalar_t* x = values.const_data_ptr<scalar_t>();
-    const scalar_t* pg = g.const_data_ptr<scalar_t>();
-    scalar_t* px = grad.mutable_data_ptr<scalar_t>();
-    cpu::parallel_over_rows(pc, M, H, [&](int64_t r0, int64_t r1) {
-      std::vector<acc_t> top(H), sum(H), dot(H);
-      const auto y = [&](int64_t p, int64_t h) { return std::exp(static_cast<acc_t>(x[p * H + h]) - top[h]) / sum[h]; };
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t begin = pc[r], end = pc[r + 1];
-        if (begin == end) continue;
-        row_stats(x, begin, end, H, top, sum);
-        std::fill(dot.begin(), dot.end(), acc_t(0));
-        for (int64_t p = begin; p < end; ++p) {
-          for (int64_t h = 0; h < H; ++h) dot[h] += static_cast<acc_t>(pg[p * H + h]) * y(p, h);
-        }
-        for (int64_t p = begin; p < end; ++p) {
-          for (int64_t h = 0; h < H; ++h) px[p * H + h] = static_cast<scalar_t>(y(p, h) * (static_cast<acc_t>(pg[p * H + h]) - dot[h]));
-        }
-      }
-    });
-  });
-  return grad;
+}  // namespace
+
+at::Tensor CpuCsrBackend::softmax(const char* op, const at::Tensor& crow, const at::Tensor& values) {
+  return softmax_cpu(op, crow, values, at::Tensor());
+}
+
+at::Tensor CpuCsrBackend::softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,
+                                           const at::Tensor& values) {
+  return softmax_cpu(op, crow, values, grad_out);
 }
 
 }  // namespace torchops
