@@ -322,6 +322,49 @@ def check_csr_ops(mesh: Any, device: str) -> int:
     return n
 
 
+def check_message_passing_ops(mesh: Any, device: str) -> int:
+    """spmm_reduce (every reduce; features or heads sharded, Partial through the linear reduces), sddmm (heads
+    sharded; "dot" over sharded features gives Partial) and csr_softmax (heads sharded), forward and backward."""
+    import torchops
+    n = 0
+    R, P = Replicate(), Partial()
+    crow, col, _ = random_csr(7, 9, device, seed=1)
+    idx = lambda t: distribute_tensor(t, mesh, [R])  # noqa: E731
+    heads = 4  # at least one a rank on the meshes of 2 and 4 ranks
+    values, heads_values = rand(col.numel(), device=device), rand(col.numel(), heads, device=device)
+    dense, dense3, a3 = rand(9, 6, device=device), rand(9, heads, 8, device=device), rand(7, heads, 8, device=device)
+
+    def structure(t: Tensor) -> tuple[Tensor, Tensor]:
+        return (idx(crow), idx(col)) if isinstance(t, DTensor) else (crow, col)
+
+    def spmm(reduce: str) -> Callable[..., Tensor]:
+        return lambda v, d: torchops.spmm_reduce(*structure(v), v, d, reduce)
+
+    for reduce in ("sum", "mean", "max", "min"):
+        check_against_reference(f"spmm_reduce {reduce}", spmm(reduce), [values, dense], [R, Shard(1)], mesh,
+                                out_placements=[Shard(1)])
+        check_against_reference(f"spmm_reduce {reduce} heads", spmm(reduce), [heads_values, dense3],
+                                [Shard(1), Shard(1)], mesh, out_placements=[Shard(1)])
+        n += 2
+    for reduce in ("sum", "mean"):
+        check_against_reference(f"spmm_reduce {reduce} partial", spmm(reduce), [values, dense], [P, R], mesh,
+                                out_placements=[P])
+        n += 1
+
+    def sddmm(op: str) -> Callable[..., Tensor]:
+        return lambda a, b: torchops.sddmm(*structure(a), a, b, op)
+
+    for name, fn, inputs, placement, want in [
+            ("sddmm dot heads", sddmm("dot"), [a3, dense3], Shard(1), Shard(1)),
+            ("sddmm dot features", sddmm("dot"), [a3, dense3], Shard(2), P),
+            ("sddmm add", sddmm("add"), [a3[..., 0], dense3[..., 0]], Shard(1), Shard(1))]:
+        check_against_reference(name, fn, inputs, [placement, placement], mesh, out_placements=[want])
+        n += 1
+    check_against_reference("csr_softmax heads", lambda v: torchops.csr_softmax(structure(v)[0], v), [heads_values],
+                            [Shard(1)], mesh, out_placements=[Shard(1)])
+    return n + 1
+
+
 def check_rotary_ops(mesh: Any, device: str) -> int:
     """rotary_embedding, qk_norm_rope (forward and backward, through their backward ops) and rotary_embedding_ on
     q / k split by batch, heads or sequence (cos and sin given replicated: DTensor splits them alike), partial
@@ -698,6 +741,7 @@ CHECKS: dict[str, Callable[[Any, str], int]] = {
     "norm": check_norm_ops,
     "layer_norm": check_layer_norm_ops,
     "csr": check_csr_ops,
+    "message_passing": check_message_passing_ops,
     "rotary": check_rotary_ops,
     "tp_block": lambda mesh, device: check_tp_block(mesh, device, compiled=None),
     "tp_block_compiled": lambda mesh, device: check_tp_block(mesh, device, compiled="inductor"),

@@ -22,7 +22,7 @@ import distributed_workers
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
-OP_CHECKS = ["elementwise", "norm", "layer_norm", "csr", "rotary"]
+OP_CHECKS = ["elementwise", "norm", "layer_norm", "csr", "message_passing", "rotary"]
 
 
 def spawn(world_size: int, backend: str, checks: list[str]) -> dict[str, int]:

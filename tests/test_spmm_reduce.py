@@ -7,20 +7,15 @@ paths of every reduce and of softmax), agreement with the CPU, determinism, malf
 
 from __future__ import annotations
 
-import itertools
-import os
-import tempfile
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torchops
-from helpers import DEVICES, FLOAT_DTYPES, HALF_DTYPES, HAS_CUDA, INT_DTYPES, requires_cuda
+from helpers import DEVICES, FLOAT_DTYPES, HALF_DTYPES, INT_DTYPES, requires_cuda
 from op_db import _csr_indices
-from op_db.csr import (csr_softmax_reference, spmm_reduce_arg_reference, spmm_reduce_backward_reference,
-                       spmm_reduce_reference)
-from test_csr_spmm import power_law_csr, torch_sparse
+from op_db.csr import csr_softmax_reference, spmm_reduce_arg_reference, spmm_reduce_reference
+from test_csr_spmm import power_law_csr
 from torchops import ops as torchops_ops
 
 F64 = torch.float64
@@ -373,86 +368,6 @@ def test_gat_layer_equals_torch_geometric_gatconv(device: str) -> None:
     keep = edge_index[0] != edge_index[1]
     crow, col, _ = torchops.graph.to_csr(torch.cat([edge_index[:, keep], loops], 1), n)
     torch.testing.assert_close(ours(crow, col, x), conv(x, edge_index))
-
-
-# ------------------------------------------------------------------------------------ DTensor rules
-
-def _dtensor_worker(rank: int, world_size: int, init_file: str, result_dir: str) -> None:
-    import traceback
-
-    import torch.distributed as dist
-    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor, init_device_mesh
-
-    from distributed_workers import check_against_reference
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
-        import torchops.distributed  # noqa: F401  registers the sharding rules
-        mesh = init_device_mesh("cpu", (world_size,))
-        torch.manual_seed(0)
-        crow, col = unique_power_law(7, 9, 30, device="cpu", seed=1)
-        idx = lambda t: distribute_tensor(t, mesh, [Replicate()])  # noqa: E731
-        values, heads_values = torch.randn(col.numel(), dtype=F64), torch.randn(col.numel(), 2, dtype=F64)
-        dense, dense3 = torch.randn(9, 6, dtype=F64), torch.randn(9, 2, 4, dtype=F64)
-        R, P = Replicate(), Partial()
-
-        def spmm(reduce):
-            def fn(v, d):
-                if hasattr(v, "placements"):
-                    return torchops.spmm_reduce(idx(crow), idx(col), v, d, reduce)
-                return torchops.spmm_reduce(crow, col, v, d, reduce)
-            return fn
-
-        for reduce in REDUCES:
-            check_against_reference(f"spmm_reduce {reduce}", spmm(reduce), [values, dense], [R, Shard(1)], mesh,
-                                    out_placements=[Shard(1)])
-            check_against_reference(f"spmm_reduce {reduce} heads", spmm(reduce), [heads_values, dense3],
-                                    [Shard(1), Shard(1)], mesh, out_placements=[Shard(1)])
-        for reduce in ("sum", "mean"):
-            check_against_reference(f"spmm_reduce {reduce} partial", spmm(reduce), [values, dense], [P, R], mesh,
-                                    out_placements=[P])
-
-        a3 = torch.randn(7, 2, 4, dtype=F64)
-
-        def sddmm(op):
-            def fn(a, b):
-                if hasattr(a, "placements"):
-                    return torchops.sddmm(idx(crow), idx(col), a, b, op)
-                return torchops.sddmm(crow, col, a, b, op)
-            return fn
-
-        check_against_reference("sddmm dot heads", sddmm("dot"), [a3, dense3], [Shard(1), Shard(1)], mesh,
-                                out_placements=[Shard(1)])
-        check_against_reference("sddmm dot features", sddmm("dot"), [a3, dense3], [Shard(2), Shard(2)], mesh,
-                                out_placements=[P])
-        check_against_reference("sddmm add", sddmm("add"), [a3[..., 0], dense3[..., 0]], [Shard(1), Shard(1)], mesh,
-                                out_placements=[Shard(1)])
-
-        def softmax(v):
-            return torchops.csr_softmax(idx(crow) if hasattr(v, "placements") else crow, v)
-
-        check_against_reference("csr_softmax heads", softmax, [heads_values], [Shard(1)], mesh,
-                                out_placements=[Shard(1)])
-        open(os.path.join(result_dir, f"{rank}.ok"), "w").close()
-    except BaseException:
-        with open(os.path.join(result_dir, f"{rank}.err"), "w") as f:
-            f.write(traceback.format_exc())
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-def test_sharding_rules_on_two_gloo_ranks() -> None:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            mp.spawn(_dtensor_worker, args=(2, os.path.join(tmp, "rendezvous"), tmp), nprocs=2)
-        except Exception as e:
-            errors = [open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".err")]
-            raise AssertionError("\n".join(errors) or str(e)) from e
-        assert sorted(f for f in os.listdir(tmp) if f.endswith(".ok")) == ["0.ok", "1.ok"]
 
 
 # ---------------------------------------------------------------------------------------------- CUDA

@@ -307,7 +307,6 @@ def spmm_reduce_reference(crow, col, values, dense, reduce="sum", *transpose) ->
 
 def spmm_reduce_arg_reference(crow, col, values, dense, reduce) -> torch.Tensor:
     """The first position of each row whose product is the row's max (min), -1 for an empty row."""
-    m = crow.numel() - 1
     rows = _csr_rows(crow)
     x = _products(col, values, dense)
     best = spmm_reduce_reference(crow, col, values, dense, reduce)
