@@ -102,6 +102,7 @@ ROTARY_DECODE_SHAPES = ("1x32x1x128", "8x32x1x128", "64x32x1x128")
 
 _ELEMENTWISE_WALL = "an elementwise op sits at the memory wall, so parity with the best baseline is the physics"
 _CPU_EAGER = "on the CPU every op must at least match eager PyTorch, or it is not worth calling"
+_SPMM_SUM_FWD = ("arxiv-like sum fwd", "proteins-like sum fwd", "reddit-like sum fwd")
 
 
 def _gated_bars(spec) -> list[Bar]:
@@ -149,6 +150,28 @@ BARS: list[Bar] = [
         "torch's values gradient builds a dense M x K matrix; ours touches only the nonzeros", reduce="geomean"),
     Bar("csr_spmm", "cpu", "vs torch.sparse.mm", 1.0, ("arxiv-like/8 fwd", "uniform/8 fwd"), ("f32",), _CPU_EAGER,
         reduce="geomean"),
+    # The message-passing ops (bench_spmm_reduce; issue 44) on the power-law graphs of bench_csr_spmm, N = 64 and
+    # 128 (shape "N=<n>"), f32 and bf16. The fwd+bwd peers gather a row per edge: a case whose peer does not fit
+    # in the H200's memory is left out by the bench, so the bars name the graphs where the peer runs (sddmm and
+    # GAT gather edges x 512: arxiv-like only; the scatter path of mean/max: arxiv- and proteins-like).
+    Bar("spmm_reduce", "cuda", "vs cuSPARSE (torch sparse CSR @ dense)", 1.5, _SPMM_SUM_FWD, ("f32", "bf16"),
+        "the sum path is csr_spmm's kernel: it must keep csr_spmm's lead over cuSPARSE", reduce="geomean"),
+    Bar("spmm_reduce", "cuda", "vs cuSPARSE (torch sparse CSR @ dense)", 1.0, _SPMM_SUM_FWD, ("f32", "bf16"),
+        "no graph and width may fall behind cuSPARSE"),
+    Bar("spmm_reduce", "cuda", "vs gather + scatter_reduce", 2.0,
+        tuple(f"{g} {r} fwd+bwd" for g in ("arxiv-like", "proteins-like") for r in ("mean", "max")), ("f32", "bf16"),
+        "plain torch materialises a row per edge (several edges x features tensors); the fused op reads each "
+        "source row once per edge and writes M x features"),
+    Bar("sddmm", "cuda", "vs gather", 2.0, ("arxiv-like sddmm fwd+bwd",), ("f32", "bf16"),
+        "the gather path builds two edges x heads x features tensors forward and scatters them backward"),
+    Bar("csr_softmax", "cuda", "vs torch_geometric.utils.softmax", 2.0,
+        tuple(f"{g} softmax fwd+bwd" for g in ("arxiv-like", "proteins-like", "reddit-like")), ("f32", "bf16"),
+        "PyG's softmax is four scatter/gather passes plus autograd's; one pass per direction must show"),
+    Bar("gat_layer", "cuda", "vs torch_geometric.nn.GATConv", 1.5, ("arxiv-like gat fwd+bwd",), ("f32", "bf16"),
+        "GATConv gathers edges x heads x features messages; the three ops never do (its peak memory is checked "
+        "by the bench: at most half of GATConv's)"),
+    *(Bar("spmm_reduce", "cpu", "vs torch.sparse.mm", 1.0, (f"arxiv-like/8 {r} fwd", f"uniform/8 {r} fwd"), ("f32",),
+          _CPU_EAGER, reduce="geomean") for r in ("sum", "mean", "max", "min")),
     # rms_norm and add_rms_norm: cases "fwd" and "fwd+bwd" (one autograd.grad of one forward's graph) over the
     # norm grid, weight of the input's dtype; peers: eager, torch.compile (static, per shape) and Liger-Kernel
     Bar("rms_norm", "cuda", "vs best peer", 1.0, ("fwd",), ("bf16", "f32"),

@@ -303,8 +303,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graphs", default="", help="comma-separated subset of graph names (default: all)")
 
 
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """sddmm, csr_softmax and the GAT layer have GPU cases only (their bars are the H200's); on the CPU the bench
+    measures spmm_reduce against torch.sparse.mm."""
+    if args.device != "cuda":
+        left_out = [o for o in args.ops if o != OP]
+        if left_out:
+            print(f"  {', '.join(left_out)}: GPU cases only, not run on {args.device}", file=sys.stderr)
+        args.ops = [OP]
+
+
 def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
     pyg, why = import_torch_geometric() if args.device == "cuda" else (None, "not used on the CPU")
+    if pyg is None and args.device == "cuda" and {"csr_softmax", "gat_layer"} & set(args.ops):
+        ctx.fail(f"torch_geometric is not importable ({why}): csr_softmax's and the GAT layer's bars have no peer; "
+                 f"pip install its wheel (pure Python, e.g. /work/main/.whl/torch_geometric-*.whl) and run again")
     dtypes = [d for d in args.dtypes if d.is_floating_point]
     for spec in graphs(args.device, args.quick, args.graphs):
         g = Graph(spec, args.device)
@@ -350,6 +363,7 @@ BENCH = H.Bench(
     run=run,
     default_dtypes=("f32", "bf16"),
     add_arguments=add_arguments,
+    check_arguments=check_arguments,
     summarize=summary,
     meta=lambda args: {"graphs": [s.__dict__ for s in graphs(args.device, args.quick, args.graphs)]},
     copy_reference=False,  # sparse work: speedups only
