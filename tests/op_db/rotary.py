@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from helpers import FLOAT_DTYPES, INT_DTYPES, random_tensor
+from helpers import FLOAT_DTYPES, HALF_DTYPES, INT_DTYPES, random_tensor
 from op_db.core import ErrorInput, OpInfo, Sample, _grad, expect
 from op_db.elementwise import _CUDA_VS_CPU
 from op_db.norm import rms_norm_reference
@@ -213,7 +213,7 @@ def rotary_inplace_samples(device: str, dtype: torch.dtype, requires_grad: bool)
         else:
             query = _cache_rows(tokens, hq, hs, layout, dtype, device)
             key = _cache_rows(tokens, hk, hs, layout, dtype, device) if hk else None
-        cache_dtype = torch.float32 if cache_kind == "f32" and dtype in (torch.float16, torch.bfloat16) else dtype
+        cache_dtype = torch.float32 if cache_kind == "f32" and dtype in HALF_DTYPES else dtype
         cache = random_tensor((_MAX_POSITION, rot), cache_dtype, device)
         positions = torch.randint(0, _MAX_POSITION, (tokens,), dtype=pos_dtype, device=device)
         samples.append(Sample((positions, query, key, hs, cache, neox),
@@ -248,7 +248,7 @@ _NORM_CASES: list[tuple] = [
 
 
 def _weight(kind: str, n: int, dtype: torch.dtype, device: str, requires_grad: bool) -> torch.Tensor:
-    wdtype = torch.float32 if kind == "f32" and dtype in (torch.float16, torch.bfloat16) else dtype
+    wdtype = torch.float32 if kind == "f32" and dtype in HALF_DTYPES else dtype
     return _grad(random_tensor((n,), wdtype, device), requires_grad)
 
 
