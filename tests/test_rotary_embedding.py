@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
 
 import torchops
-from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, HAS_CUDA, TOLERANCES, assert_close_to_reference, needs_gpu_memory,
-                     random_tensor, requires_cuda, run_python)
+from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, HAS_CUDA, TOLERANCES, assert_close_to_reference,
+                     needs_gpu_memory, random_tensor, requires_cuda, run_python)
 from torchops._meta_kernels import _checks
 from op_db import OPS_BY_NAME, upcast
 from op_db.rotary import (qk_norm_rope_reference, rotary_reference, rotate_half, rotate_every_two,
@@ -236,8 +236,9 @@ def test_qk_norm_rope_backward_op_refuses_its_own_derivatives() -> None:
 def test_signature_is_transformers() -> None:
     params = list(inspect.signature(torchops.apply_rotary_pos_emb).parameters.values())
     assert [p.name for p in params] == ["q", "k", "cos", "sin", "position_ids", "unsqueeze_dim", "interleaved"]
-    assert params[4].default is None and params[5].default == 1
-    assert params[6].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params[4].default is None and params[5].default == 1 and params[6].default is False
+    # interleaved after transformers' own arguments (positional: TorchScript takes no keyword-only defaults)
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -28,9 +28,9 @@ namespace torchops {
 inline void advise_huge_pages(const at::Tensor& t) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
-  constexpr size_t kMinBytes = (size_t{32} << 20) + 1;  // above glibc's DEFAULT_MMAP_THRESHOLD_MAX: own mmap
+  constexpr size_t kMmapThresholdMax = size_t{32} << 20;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX: above it, own mmap
   const size_t bytes = t.nbytes();
-  if (bytes < kMinBytes) return;
+  if (bytes <= kMmapThresholdMax) return;
   const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
   const uintptr_t begin = (base + kHugePage - 1) & ~(kHugePage - 1), end = (base + bytes) & ~(kHugePage - 1);
   if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
