@@ -126,6 +126,18 @@ __device__ __forceinline__ void merge_path_search(const Index* crow, int64_t M, 
   c1 = {lo[1], d1 - lo[1]};
 }
 
+// This warp's unit of the merge path (each block's kWarpsPerBlock warps take one unit each) and the unit's start
+// and end coordinates; false for a warp past the last unit, which must return at once (as a whole warp: the
+// search and every later shuffle need all 32 lanes). Args: crow, M, nnz, units and per_unit (items a unit).
+template <typename Args>
+__device__ __forceinline__ bool warp_merge_unit(const Args& a, int64_t& unit, MergeCoord& start, MergeCoord& end) {
+  unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (unit >= a.units) return false;
+  const int64_t d0 = unit * a.per_unit;
+  merge_path_search(a.crow, a.M, a.nnz, d0, ::min(d0 + a.per_unit, a.M + a.nnz), start, end);
+  return true;
+}
+
 // The end (exclusive) of the nonzeros of a row that ends inside a unit ending at `end`, given the row's
 // crow[r + 1] (as read: unvalidated): clamped to [0, nnz], never before the cursor `j`, never past the unit.
 __device__ __forceinline__ int64_t row_end_in_unit(int64_t crow_next, int64_t j, MergeCoord end, int64_t nnz) {

@@ -97,12 +97,9 @@ __global__ void __launch_bounds__(kWarpBlockThreads) softmax_stats_kernel(const 
   constexpr int kGroups = kWarpSize / G;
   const int lane = threadIdx.x % kWarpSize;
   const int group = lane / G;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-  if (unit >= a.units) return;  // whole warps only
-  const int64_t d0 = unit * a.per_unit;
-  const int64_t d1 = ::min(d0 + a.per_unit, a.M + a.nnz);
+  int64_t unit;
   MergeCoord start, end;
-  merge_path_search(a.crow, a.M, a.nnz, d0, d1, start, end);
+  if (!warp_merge_unit(a, unit, start, end)) return;  // whole warps only
   const bool has_carry = end.row < a.M && end.row >= start.row;
   if (blockIdx.y == 0 && lane == 0) a.carry_row[unit] = has_carry ? end.row : -1;
   const int64_t H = a.N;
@@ -163,12 +160,9 @@ __global__ void __launch_bounds__(kWarpBlockThreads) softmax_apply_kernel(const 
   constexpr int kGroups = kWarpSize / G;
   const int lane = threadIdx.x % kWarpSize;
   const int group = lane / G;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-  if (unit >= a.units) return;
-  const int64_t d0 = unit * a.per_unit;
-  const int64_t d1 = ::min(d0 + a.per_unit, a.M + a.nnz);
+  int64_t unit;
   MergeCoord start, end;
-  merge_path_search(a.crow, a.M, a.nnz, d0, d1, start, end);
+  if (!warp_merge_unit(a, unit, start, end)) return;
   const int64_t H = a.N;
   for (int64_t tile = blockIdx.y; tile * kWarpSize < H; tile += gridDim.y) {
     const int64_t h = tile * kWarpSize + lane % G;

@@ -138,13 +138,9 @@ __global__ void __launch_bounds__(kWarpBlockThreads) csr_spmm_kernel(const SpmmA
   static_assert(!kPlain || kAcc == Accumulate::kSum, "the plain product is a sum");
   const int lane = threadIdx.x % kWarpSize;
   const int group = lane / G;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-  if (unit >= a.units) return;  // whole warps only: every later shuffle has all 32 lanes
-
-  const int64_t d0 = unit * a.per_unit;
-  const int64_t d1 = ::min(d0 + a.per_unit, a.M + a.nnz);
+  int64_t unit;
   MergeCoord start, end;
-  merge_path_search(a.crow, a.M, a.nnz, d0, d1, start, end);
+  if (!warp_merge_unit(a, unit, start, end)) return;  // whole warps only: every later shuffle has all 32 lanes
   const bool has_carry = end.row < a.M && end.row >= start.row;
   if (blockIdx.y == 0 && lane == 0) a.carry_row[unit] = has_carry ? end.row : -1;
   const int64_t row_width = a.H * a.N;  // out's (and the carries') columns

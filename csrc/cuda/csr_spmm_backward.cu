@@ -53,13 +53,9 @@ __global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_kernel(const Sddm
   using Sel = AlignedVector<Index, V>;
   constexpr int kBatch = 4;
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-  if (unit >= s.units) return;  // whole warps only
-
-  const int64_t d0 = unit * s.per_unit;
-  const int64_t d1 = ::min(d0 + s.per_unit, s.M + s.nnz);
+  int64_t unit;
   MergeCoord start, end;
-  merge_path_search(s.crow, s.M, s.nnz, d0, d1, start, end);
+  if (!warp_merge_unit(s, unit, start, end)) return;  // whole warps only
 
   const int64_t j0 = int64_t{lane} * V;  // this lane's first column; then every 32 V columns
   const bool first_ok = j0 < s.N;
@@ -161,13 +157,9 @@ template <typename T, typename Index, bool kAdd>
 __global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_pointwise_kernel(const SddmmArgs<T, Index> s) {
   using acc_t = opmath_t<T>;
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-  if (unit >= s.units) return;  // whole warps only (the search is the warp's)
-
-  const int64_t d0 = unit * s.per_unit;
-  const int64_t d1 = ::min(d0 + s.per_unit, s.M + s.nnz);
+  int64_t unit;
   MergeCoord start, end;
-  merge_path_search(s.crow, s.M, s.nnz, d0, d1, start, end);
+  if (!warp_merge_unit(s, unit, start, end)) return;  // whole warps only (the search is the warp's)
   int64_t j = start.nz;
   for (int64_t r = start.row; r <= end.row && r < s.M; ++r) {
     const int64_t re = unit_row_end(s.crow, r, j, end, s.nnz);
