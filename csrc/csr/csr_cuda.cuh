@@ -38,7 +38,7 @@ struct CudaCsrBackend {
                                                             bool dense_grad);
   static at::Tensor sddmm(const char* op, const SddmmOperands& s, SddmmOp kind);
   // grad_values[p, h] = sum over d of g[i, h, d] * b[col[p], h, d] where sel[i, h, d] == p: the values
-  // gradient of a max / min (sel its arg), (nnz, H).
+  // gradient of a max / min (sel its arg), (nnz, H), in the accumulation dtype (f32 for 16-bit: not rounded).
   static at::Tensor masked_sddmm(const SddmmOperands& s, const at::Tensor& sel);
   static at::Tensor softmax(const char* op, const at::Tensor& crow, const at::Tensor& values);
   static at::Tensor softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,

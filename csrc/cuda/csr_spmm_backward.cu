@@ -13,6 +13,7 @@
 //   search per column, and each sorted entry's row by a binary search on crow_indices. Stable order = rows
 //   ascending within a column, so a product over the transpose sums in a fixed order: the dense gradient is
 //   deterministic (bit-identical run to run).
+#include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/sort.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -43,7 +44,8 @@ struct SddmmArgs : MergePathArgs<Index> {  // N: D
   int64_t ldb, bhs;
   const Index* sel;  // masked: M rows of H * D selections, or null
   int64_t H;
-  T* out;  // nnz x H
+  T* out;                    // nnz x H
+  opmath_t<T>* out_opmath;   // dot: nnz x H in opmath instead of out (not rounded to T), or null
 };
 
 template <typename T, typename Index, int V, bool kMasked>
@@ -145,7 +147,13 @@ __global__ void __launch_bounds__(kWarpBlockThreads) csr_sddmm_kernel(const Sddm
             if (k + u < ke && lane == k + u) mine = dot[u];
           }
         }
-        if (lane >= kb && lane < ke) s.out[(wbase + lane) * s.H + h] = static_cast<T>(mine);
+        if (lane >= kb && lane < ke) {
+          if (s.out_opmath != nullptr) {
+            s.out_opmath[(wbase + lane) * s.H + h] = mine;
+          } else {
+            s.out[(wbase + lane) * s.H + h] = static_cast<T>(mine);
+          }
+        }
         j = wbase + ke;
       }
     }
@@ -202,15 +210,18 @@ void launch_sddmm_pointwise(SddmmArgs<T, Index> s, int device, cudaStream_t stre
   TORCHOPS_CUDA_LAUNCH_CHECK();
 }
 
-// out (nnz x H) of the operands: "dot" (sel null: plain; else masked), "add" or "mul".
-at::Tensor sddmm_into(const SddmmOperands& o, SddmmOp kind, const at::Tensor& sel) {
+// out (nnz x H) of the operands: "dot" (sel null: plain; else masked), "add" or "mul". `opmath`: a dot's
+// result in the accumulation dtype (f32 for 16-bit), for a caller that sums it further and rounds once.
+at::Tensor sddmm_into(const SddmmOperands& o, SddmmOp kind, const at::Tensor& sel, bool opmath = false) {
   const c10::cuda::CUDAGuard device_guard(o.a.device());
-  at::Tensor out = empty_dense_cuda({o.nnz, o.H}, o.a.scalar_type(), o.a.device());
+  const at::ScalarType dtype = o.a.scalar_type();
+  const at::ScalarType out_dtype = opmath && kind == SddmmOp::kDot ? at::toOpMathType(dtype) : dtype;
+  at::Tensor out = empty_dense_cuda({o.nnz, o.H}, out_dtype, o.a.device());
   if (out.numel() == 0) return out;
   if (o.M == 0 || (kind == SddmmOp::kDot && o.D == 0)) return out.zero_();  // empty dot products (M = 0 with nnz > 0 is malformed)
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TORCHOPS_DISPATCH_INDEX_TYPES(o.crow.scalar_type(), "sddmm_cuda", [&] {
-    TORCHOPS_DISPATCH_FLOAT_TYPES(out.scalar_type(), "sddmm_cuda", [&] {
+    TORCHOPS_DISPATCH_FLOAT_TYPES(dtype, "sddmm_cuda", [&] {
       SddmmArgs<scalar_t, index_t> s{};
       s.set_matrix(o.crow, o.col, o.K, o.D);
       s.a = o.a.const_data_ptr<scalar_t>();
@@ -221,7 +232,13 @@ at::Tensor sddmm_into(const SddmmOperands& o, SddmmOp kind, const at::Tensor& se
       s.bhs = o.b_head_stride;
       s.sel = sel.defined() ? sel.const_data_ptr<index_t>() : nullptr;
       s.H = o.H;
-      s.out = out.mutable_data_ptr<scalar_t>();
+      if (out_dtype != dtype) {
+        s.out = nullptr;
+        s.out_opmath = out.mutable_data_ptr<opmath_t<scalar_t>>();
+      } else {
+        s.out = out.mutable_data_ptr<scalar_t>();
+        s.out_opmath = nullptr;
+      }
       const int device = out.get_device();
       if (kind == SddmmOp::kAdd) return launch_sddmm_pointwise<scalar_t, index_t, true>(s, device, stream);
       if (kind == SddmmOp::kMul) return launch_sddmm_pointwise<scalar_t, index_t, false>(s, device, stream);
@@ -247,7 +264,7 @@ at::Tensor CudaCsrBackend::sddmm(const char* /*op*/, const SddmmOperands& s, Sdd
 }
 
 at::Tensor CudaCsrBackend::masked_sddmm(const SddmmOperands& s, const at::Tensor& sel) {
-  return sddmm_into(s, SddmmOp::kDot, sel.contiguous());
+  return sddmm_into(s, SddmmOp::kDot, sel.contiguous(), /*opmath=*/true);
 }
 
 namespace {
