@@ -118,6 +118,21 @@ def test_ties_send_the_gradient_to_the_first_nonzero_of_the_row(device: str, red
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_max_values_gradient_sums_the_heads_before_rounding(device: str, dtype: torch.dtype) -> None:
+    # One nonzero, selected in both heads of a (K, 2, 1) dense, its weight shared by the heads (1-D values): its
+    # gradient is the sum of two cancelling terms, 1.375 * d and -1.375 * (d - 0.25) = 0.34375 exactly. Each
+    # term rounded to the 16-bit dtype before the sum (the CUDA backward once did) gives 0.375 (f16) or 0.25 (bf16).
+    d = {torch.float16: 47.25, torch.bfloat16: 23.5}[dtype]
+    crow, col = torch.tensor([0, 1], device=device), torch.tensor([0], device=device)
+    values = torch.ones(1, dtype=dtype, device=device, requires_grad=True)
+    dense = torch.tensor([[[d], [-(d - 0.25)]]], dtype=dtype, device=device)
+    out = torchops.spmm_reduce(crow, col, values, dense, "max")
+    out.backward(torch.full_like(out, 1.375))
+    assert values.grad.item() == 0.34375
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_nan_is_selected_over_every_number(device: str) -> None:
     crow = torch.tensor([0, 3], device=device)
     col = torch.tensor([0, 1, 2], device=device)
