@@ -28,7 +28,6 @@
 #include "../core/dispatch.h"
 #include "../core/empty.h"
 #include "../norm/norm.h"
-#include "../norm/norm_cuda.cuh"
 #include "../rotary/rotary.h"
 #include "../rotary/rotary_math.h"
 #include "../rotary/rotary_ops.h"
@@ -39,7 +38,7 @@ namespace {
 using namespace torchops::cuda;
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxChunks = 1024;       // qk_norm_rope backward: partial rows per side at most
+constexpr int64_t kMaxChunks = 4096;       // qk_norm_rope backward: partial rows per side at most
 constexpr size_t kPartialSmemBytes = 32 << 10;  // its groups' dweight rows per block
 
 // Sums of the weights' gradient rows: f32 for 16-bit input (whose gradients round far coarser), f64 otherwise.
@@ -574,6 +573,17 @@ __global__ void qk_norm_rope_backward_kernel(const QkArgs<T, W> a) {
   }
 }
 
+// out[col] = the sum of the chunks' partial rows at col, in chunk order.
+template <typename S, typename W>
+__global__ void weight_grad_columns_kernel(const S* partial, int64_t chunks, int64_t n, W* out) {
+  for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < n;
+       col += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    S sum = 0;
+    for (int64_t c = 0; c < chunks; ++c) sum += partial[c * n + col];
+    out[col] = static_cast<W>(sum);
+  }
+}
+
 // with_vector_size (core/cuda_utils.cuh) over the widths up to kWidest elements only.
 template <int kWidest, typename Fn>
 void with_width_up_to(int v, Fn&& fn) {
@@ -697,14 +707,16 @@ void qk_norm_backward_cuda(const QkNormCall& call) {
             <<<static_cast<unsigned int>(a.chunks_q + chunks_k), threads, smem, stream>>>(a);
         TORCHOPS_CUDA_LAUNCH_CHECK();
       }
-      // The chunks' partial rows summed per column in a fixed order, as the norms' weight gradients are.
+      const unsigned int column_blocks = blocks_to_cover(a.n, kThreads);
       if (call.grad_q_weight.defined()) {
-        norm_cuda::launch_column_reduce<S, W>(a.partial, a.chunks_q, a.n, call.grad_q_weight.mutable_data_ptr<W>(),
-                                              stream);
+        weight_grad_columns_kernel<S, W><<<column_blocks, kThreads, 0, stream>>>(
+            a.partial, a.chunks_q, a.n, call.grad_q_weight.mutable_data_ptr<W>());
+        TORCHOPS_CUDA_LAUNCH_CHECK();
       }
       if (call.grad_k_weight.defined()) {
-        norm_cuda::launch_column_reduce<S, W>(a.partial + a.chunks_q * a.n, chunks_k, a.n,
-                                              call.grad_k_weight.mutable_data_ptr<W>(), stream);
+        weight_grad_columns_kernel<S, W><<<column_blocks, kThreads, 0, stream>>>(
+            a.partial + a.chunks_q * a.n, chunks_k, a.n, call.grad_k_weight.mutable_data_ptr<W>());
+        TORCHOPS_CUDA_LAUNCH_CHECK();
       }
     });
   });
