@@ -5,6 +5,9 @@
 1. A LLaMA-style pre-norm MLP block, ``x + down(swiglu(gate(h), up(h)))`` with ``h = RMSNorm(x)``:
    ``torchops.nn.RMSNorm``, ``torchops.swiglu`` and ``torchops.vector_add`` for the residual.
 2. A two-layer GCN, ``A relu(A X W1) W2``, its sparse products by ``torchops.csr_spmm``.
+3. A small random LLaMA from transformers (when it is installed: ``pip install torchops[transformers]``),
+   unpatched and patched by ``torchops.transformers.patch(model)``: losses side by side, time per step and,
+   on CUDA, the peak memory of the training steps.
 
 Each model is trained from the same weights on the same data three ways: plain PyTorch, torchops, and
 torchops under ``torch.compile(fullgraph=True)`` (which refuses any graph break). The demo prints the losses
@@ -148,6 +151,65 @@ def compare(title: str, make: Callable[[bool], nn.Module], batch: tuple, steps: 
     return ok and (learned or not steps)
 
 
+def compare_transformers(steps: int, device: torch.device, big: bool) -> bool:
+    """A random LLaMA trained from the same weights unpatched and patched by torchops.transformers.patch; print
+    the losses, the time per step and (CUDA) the peak memory; True if the losses agree. Without transformers
+    the section says how to get it and passes."""
+    try:
+        import transformers
+    except ImportError:
+        print("\ntransformers is not installed (pip install torchops[transformers]): its section is skipped")
+        return True
+    import torchops.transformers
+
+    layers, dim, vocab, batch, seq = (4, 1024, 32000, 4, 1024) if big else (2, 128, 8000, 4, 128)
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=dim, intermediate_size=dim * 11 // 4,
+                                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                                      max_position_embeddings=seq, tie_word_embeddings=False)
+    print(f"\ntransformers {transformers.__version__}: LlamaForCausalLM, {layers} layers, hidden {dim}, vocab {vocab}, "
+          f"{batch} x {seq} tokens; unpatched vs torchops.transformers.patch(model)")
+    torch.manual_seed(SEED)
+    reference = transformers.LlamaForCausalLM(config).to(device)
+    patched = transformers.LlamaForCausalLM(config).to(device)
+    patched.load_state_dict(reference.state_dict())
+    torchops.transformers.patch(patched)
+    gen = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+    runs, peaks = {}, {}
+    for name, model in (("transformers", reference), ("torchops-patched", patched)):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+        runs[name] = train(lambda x, y: model(input_ids=x, labels=y).loss, list(model.parameters()), ((ids, ids), None),
+                           steps, lambda loss, _: loss, 0.1, device)
+        if device.type == "cuda":
+            peaks[name] = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    names = list(runs)
+    print("  step  " + "".join(f"{name:>26}" for name in names) + "   (loss after the step)")
+    for step in range(steps + 1):
+        print(f"  {step:>4}  " + "".join(f"{runs[name][0][step]:>26.6f}" for name in names))
+    if steps:
+        warm = min(2, steps - 1)
+        print("  ms/step " + ", ".join(f"{name} {1e3 * sum(s[warm:]) / len(s[warm:]):.2f}"
+                                       for name, (_, s) in runs.items()) + f"   (steps {warm + 1}-{steps})")
+    if peaks:
+        print("  peak memory of the steps beyond the model: "
+              + ", ".join(f"{name} {mib:.0f} MiB" for name, mib in peaks.items()))
+    else:
+        print(f"  peak memory: measured on CUDA only; the patched loss never holds the {batch * seq} x {vocab} "
+              f"logits ({batch * seq * vocab * 4 / 2**20:.0f} MiB in float32) nor their gradient")
+    ok = True
+    try:
+        torch.testing.assert_close(runs[names[1]][0], runs[names[0]][0], **LOSS_TOL)
+    except AssertionError as e:
+        print(f"  {names[1]} losses DISAGREE with transformers':\n{e}")
+        ok = False
+    learned = runs[names[0]][0][-1] < runs[names[0]][0][0]
+    went_down = ("yes" if learned else "NO") if steps else "(no steps taken)"
+    print(f"  losses agree: {'yes' if ok else 'NO'} (rtol {LOSS_TOL['rtol']:g}); loss went down: {went_down}")
+    return ok and (learned or not steps)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -180,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ok &= compare(f"GCN: A relu(A X W1) W2, {nodes} nodes, {col.numel()} nonzeros, {features} features",
                   lambda use: GCN(features, 32, classes, use), ((crow, col, values, x), labels), args.steps,
                   F.cross_entropy, 0.5, device)  # full-batch training on one graph
+    ok &= compare_transformers(args.steps, device, big)
 
     print("\nall agree" if ok else "\nFAILED: see above")
     return 0 if ok else 1
