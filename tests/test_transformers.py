@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 
 import pytest
 import torch
 
 import torchops
-from helpers import HAS_CUDA, run_python
+from helpers import HAS_CUDA, REPO_ROOT, run_python
 
 transformers = pytest.importorskip("transformers")
 
@@ -318,3 +319,17 @@ def test_import_torchops_does_not_import_transformers() -> None:
     """)
     assert json.loads(out.splitlines()[-1]) == [False, False]
 
+
+
+def test_the_benchmark_runs_its_cpu_path(tmp_path, monkeypatch) -> None:
+    """benchmarks/bench_transformers.py (its bars are the H200's): the CPU smoke run checks and measures every row."""
+    sys.path.insert(0, REPO_ROOT)
+    from benchmarks import bench_transformers, harness
+
+    monkeypatch.setattr(harness, "time_all_ms",
+                        lambda fns, device, quick=False: {name: (fn(), 1.0)[1] for name, fn in fns.items()})
+    argv = ["--device", "cpu", "--out-dir", str(tmp_path), "--threads", str(torch.get_num_threads())]
+    assert harness.main(bench_transformers.BENCH, argv) == 0
+    _, rows = harness.load(tmp_path / "transformers_cpu.json")
+    assert {(r.case, r.impl) for r in rows} == {(c, i) for c in ("train step", "generate") for i in ("eager", "torchops")}
+    assert all(r.extra["tokens_equal_to_eager"] == 8 for r in rows if r.case == "generate")
