@@ -18,8 +18,9 @@ transformers = pytest.importorskip("transformers")
 import torchops.transformers as tt  # noqa: E402
 
 TYPES = tt.SUPPORTED_MODEL_TYPES
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)] if HAS_CUDA else ["cpu"]
-CUDA_ONLY = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+# The equality tests run on the CPU and, where a GPU is present, on CUDA (ids "cuda-<type>").
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda,
+                                              pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")])]
 VOCAB = 1000
 
 
@@ -71,7 +72,9 @@ def assert_grads_close(ref, patched, **tol) -> None:
         torch.testing.assert_close(grads[name].grad, p.grad, msg=lambda m: f"{name}: {m}", **tol)
 
 
-def _logits_loss_grads(model_type: str, device: str) -> None:
+@pytest.mark.parametrize("model_type", TYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_logits_loss_and_gradients_match(device: str, model_type: str) -> None:
     ref, patched = twins(model_type, device=device)
     ids, labels = batch(device)
     torch.testing.assert_close(patched(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
@@ -82,18 +85,6 @@ def _logits_loss_grads(model_type: str, device: str) -> None:
     out_ref.loss.backward()
     out.loss.backward()
     assert_grads_close(ref, patched, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("model_type", TYPES)
-def test_logits_loss_and_gradients_match(model_type: str) -> None:
-    _logits_loss_grads(model_type, "cpu")
-
-
-@CUDA_ONLY
-@pytest.mark.cuda
-@pytest.mark.parametrize("model_type", TYPES)
-def test_logits_loss_and_gradients_match_cuda(model_type: str) -> None:
-    _logits_loss_grads(model_type, "cuda")
 
 
 def test_patch_replaces_what_it_says() -> None:
@@ -140,7 +131,9 @@ def test_num_items_in_batch_shift_labels_and_tuple_output(model_type: str) -> No
         torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
-def _generate(model_type: str, device: str) -> None:
+@pytest.mark.parametrize("model_type", TYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_generate_with_kv_cache_is_identical(device: str, model_type: str) -> None:
     ref, patched = twins(model_type, device=device)
     ids, _ = batch(device, b=2, s=7)
     mask = torch.ones_like(ids)
@@ -153,33 +146,24 @@ def _generate(model_type: str, device: str) -> None:
 
 
 @pytest.mark.parametrize("model_type", TYPES)
-def test_greedy_generate_with_kv_cache_is_identical(model_type: str) -> None:
-    _generate(model_type, "cpu")
-
-
-@CUDA_ONLY
-@pytest.mark.cuda
-@pytest.mark.parametrize("model_type", TYPES)
-def test_greedy_generate_with_kv_cache_is_identical_cuda(model_type: str) -> None:
-    _generate(model_type, "cuda")
-
-
-def _bf16_loss(model_type: str, device: str) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_loss_matches(device: str, model_type: str) -> None:
     ref, patched = twins(model_type, torch.bfloat16, device)
     ids, labels = batch(device)
     torch.testing.assert_close(patched(ids, labels=labels).loss, ref(ids, labels=labels).loss, rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("model_type", TYPES)
-def test_bf16_loss_matches(model_type: str) -> None:
-    _bf16_loss(model_type, "cpu")
-
-
-@CUDA_ONLY
-@pytest.mark.cuda
-@pytest.mark.parametrize("model_type", TYPES)
-def test_bf16_loss_matches_cuda(model_type: str) -> None:
-    _bf16_loss(model_type, "cuda")
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_float32_model_under_bf16_autocast(model_type: str) -> None:
+    """Mixed precision as Trainer(bf16=True) runs it: float32 weights, bf16 autocast; the ops' autocast policies
+    take the float32 residual stream and rotary tables beside bf16 projections."""
+    ref, patched = twins(model_type)
+    ids, labels = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, actual = ref(ids, labels=labels).loss, patched(ids, labels=labels).loss
+    torch.testing.assert_close(actual, expected, rtol=1e-2, atol=1e-2)
+    actual.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in patched.parameters())
 
 
 def _compiled_training_step(model, ids, labels) -> tuple[float, int]:

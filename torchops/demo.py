@@ -127,6 +127,15 @@ def compare(title: str, make: Callable[[bool], nn.Module], batch: tuple, steps: 
         "torchops": train(ours, list(ours.parameters()), batch, steps, loss_fn, lr, device),
         "torchops + torch.compile": train(compiled, list(twin.parameters()), batch, steps, loss_fn, lr, device),
     }
+    compiled_first = f"; the compiled first step took {runs['torchops + torch.compile'][1][0]:.1f} s" if steps else ""
+    return report(runs, steps, timing_note=compiled_first, verdict_note="graph breaks: 0 (fullgraph=True); ")
+
+
+def report(runs: dict[str, tuple[list[float], list[float]]], steps: int, *, timing_note: str = "",
+           verdict_note: str = "", extra: str = "") -> bool:
+    """Print the losses of ``train`` runs side by side (the first run is the reference) and their time per
+    step, then ``extra`` and the verdict; True if every run's losses agree with the reference's (and, after at
+    least one step, its loss went down)."""
     names = list(runs)
     print("  step  " + "".join(f"{name:>26}" for name in names) + "   (loss after the step)")
     for step in range(steps + 1):
@@ -136,18 +145,20 @@ def compare(title: str, make: Callable[[bool], nn.Module], batch: tuple, steps: 
         warm = min(2, steps - 1)
         per_step = {name: 1e3 * sum(s[warm:]) / len(s[warm:]) for name, (_, s) in runs.items()}
         print("  ms/step " + ", ".join(f"{name} {ms:.2f}" for name, ms in per_step.items())
-              + f"   (steps {warm + 1}-{steps}; the compiled first step took {runs[names[2]][1][0]:.1f} s)")
+              + f"   (steps {warm + 1}-{steps}{timing_note})")
+    if extra:
+        print(extra)
     ok = True
     for name in names[1:]:
         try:
-            torch.testing.assert_close(runs[name][0], runs["PyTorch"][0], **LOSS_TOL)
+            torch.testing.assert_close(runs[name][0], runs[names[0]][0], **LOSS_TOL)
         except AssertionError as e:
-            print(f"  {name} losses DISAGREE with PyTorch's:\n{e}")
+            print(f"  {name} losses DISAGREE with {names[0]}'s:\n{e}")
             ok = False
-    learned = runs["PyTorch"][0][-1] < runs["PyTorch"][0][0]
+    learned = runs[names[0]][0][-1] < runs[names[0]][0][0]
     went_down = ("yes" if learned else "NO") if steps else "(no steps taken)"
-    print(f"  losses agree: {'yes' if ok else 'NO'} (rtol {LOSS_TOL['rtol']:g}); "
-          f"graph breaks: 0 (fullgraph=True); loss went down: {went_down}")
+    print(f"  losses agree: {'yes' if ok else 'NO'} (rtol {LOSS_TOL['rtol']:g}); {verdict_note}"
+          f"loss went down: {went_down}")
     return ok and (learned or not steps)
 
 
@@ -184,30 +195,13 @@ def compare_transformers(steps: int, device: torch.device, big: bool) -> bool:
                            steps, lambda loss, _: loss, 0.1, device)
         if device.type == "cuda":
             peaks[name] = (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    names = list(runs)
-    print("  step  " + "".join(f"{name:>26}" for name in names) + "   (loss after the step)")
-    for step in range(steps + 1):
-        print(f"  {step:>4}  " + "".join(f"{runs[name][0][step]:>26.6f}" for name in names))
-    if steps:
-        warm = min(2, steps - 1)
-        print("  ms/step " + ", ".join(f"{name} {1e3 * sum(s[warm:]) / len(s[warm:]):.2f}"
-                                       for name, (_, s) in runs.items()) + f"   (steps {warm + 1}-{steps})")
     if peaks:
-        print("  peak memory of the steps beyond the model: "
-              + ", ".join(f"{name} {mib:.0f} MiB" for name, mib in peaks.items()))
+        memory = "  peak memory of the steps beyond the model: " + ", ".join(
+            f"{name} {mib:.0f} MiB" for name, mib in peaks.items())
     else:
-        print(f"  peak memory: measured on CUDA only; the patched loss never holds the {batch * seq} x {vocab} "
-              f"logits ({batch * seq * vocab * 4 / 2**20:.0f} MiB in float32) nor their gradient")
-    ok = True
-    try:
-        torch.testing.assert_close(runs[names[1]][0], runs[names[0]][0], **LOSS_TOL)
-    except AssertionError as e:
-        print(f"  {names[1]} losses DISAGREE with transformers':\n{e}")
-        ok = False
-    learned = runs[names[0]][0][-1] < runs[names[0]][0][0]
-    went_down = ("yes" if learned else "NO") if steps else "(no steps taken)"
-    print(f"  losses agree: {'yes' if ok else 'NO'} (rtol {LOSS_TOL['rtol']:g}); loss went down: {went_down}")
-    return ok and (learned or not steps)
+        memory = (f"  peak memory: measured on CUDA only; the patched loss never holds the {batch * seq} x {vocab} "
+                  f"logits ({batch * seq * vocab * 4 / 2**20:.0f} MiB in float32) nor their gradient")
+    return report(runs, steps, extra=memory)
 
 
 def main(argv: list[str] | None = None) -> int:
