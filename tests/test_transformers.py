@@ -114,6 +114,29 @@ def test_each_part_switched_off_alone_still_matches(option: str) -> None:
     torch.testing.assert_close(patched(ids, labels=labels).loss, ref(ids, labels=labels).loss, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("model_type", ["mistral", "gemma3_text"])
+def test_eager_attention_matches(model_type: str) -> None:
+    """The attention forward hands the model's own eager_attention_forward (Gemma's softcapping) what it gets."""
+    ref, patched = twins(model_type)
+    for model in (ref, patched):
+        model.config._attn_implementation = "eager"
+    ids, labels = batch()
+    torch.testing.assert_close(patched(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+    out_ref, out = ref(ids, output_attentions=True), patched(ids, output_attentions=True)
+    for expected, actual in zip(out_ref.attentions, out.attentions, strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_missing_attribute_names_the_option() -> None:
+    model = tiny_model("llama")
+    del model.model.layers[1].mlp.up_proj
+    with pytest.raises(RuntimeError, match=r"LlamaMLP has no up_proj: the mlp patch follows transformers .*mlp=False"):
+        tt.patch(model)
+    assert not tt.is_patched(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())  # what it did before raising is undone
+    assert not any(isinstance(m, torchops.nn.RMSNorm) for m in model.modules())
+
+
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
 def test_num_items_in_batch_shift_labels_and_tuple_output(model_type: str) -> None:
     ref, patched = twins(model_type)

@@ -69,6 +69,9 @@ _SPECS: dict[str, _Spec] = {
     "gemma3_text": _Spec("gemma3", "Gemma3", 1.0, True, True, "attr", "hidden_activation"),
 }
 
+#: The transformers release whose modeling code the replacement forwards follow (requirements-dev.txt pins it).
+TESTED_TRANSFORMERS = "5.23.0"
+
 #: The ``config.model_type`` values :func:`patch` accepts.
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_SPECS)
 
@@ -244,12 +247,13 @@ def _current_forward(module: nn.Module) -> Callable[..., Any]:
     return getattr(module, attr)
 
 
-def _require(module: nn.Module, names: tuple[str, ...], what: str) -> None:
+def _require(module: nn.Module, names: tuple[str, ...], option: str) -> None:
+    """Raise, naming ``option``, if ``module`` lacks an attribute the replacement forward reads."""
     missing = [n for n in names if not hasattr(module, n)]
     if missing:
-        raise RuntimeError(f"torchops.transformers.patch: {type(module).__name__} has no {', '.join(missing)}: "
-                           f"{what} follows a different transformers release than this one "
-                           f"({_transformers_version()}); pass {what.split()[0]}=False to leave it")
+        raise RuntimeError(f"torchops.transformers.patch: {type(module).__name__} has no {', '.join(missing)}: the "
+                           f"{option} patch follows transformers {TESTED_TRANSFORMERS}'s modeling code, not this "
+                           f"release's ({_transformers_version()}); pass {option}=False to leave that part as it is")
 
 
 def _transformers_version() -> str:
