@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import sys
@@ -260,6 +261,17 @@ def test_unpatch_restores_the_model() -> None:
     torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
     assert model(ids, labels=labels).logits is not None
     tt.unpatch(model)  # a second unpatch does nothing
+
+
+def test_deepcopy_of_a_patched_model_is_patched_and_unpatches_alone() -> None:
+    ref, patched = twins("qwen3")
+    ids, labels = batch()
+    twin = copy.deepcopy(patched)
+    assert tt.is_patched(twin) and twin(ids, labels=labels).logits is None
+    assert twin.model.layers[0].mlp.forward.__self__ is twin.model.layers[0].mlp
+    tt.unpatch(twin)
+    torch.testing.assert_close(twin(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+    assert tt.is_patched(patched) and patched(ids, labels=labels).logits is None
 
 
 def test_patch_twice_and_optimizer_made_before_patch() -> None:

@@ -79,7 +79,6 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_SPECS)
 _GATED_ACTS: dict[str, str | None] = {"silu": None, "swish": None, "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 _RECORD = "_torchops_patch"  # the model attribute holding what unpatch() restores
-_MISSING = object()
 
 
 # ---------------------------------------------------------------------------------------------------- forwards
@@ -230,7 +229,7 @@ class _Record:
     """What patch() changed, in order, for unpatch(): swapped modules and per-instance forwards."""
 
     modules: list[tuple[nn.Module, str, nn.Module]] = dataclasses.field(default_factory=list)
-    forwards: list[tuple[nn.Module, str, Any]] = dataclasses.field(default_factory=list)
+    forwards: list[tuple[nn.Module, str, Any]] = dataclasses.field(default_factory=list)  # None: had none
     options: dict[str, bool] = dataclasses.field(default_factory=dict)
 
 
@@ -238,7 +237,7 @@ def _set_forward(record: _Record, module: nn.Module, fn: Callable[..., Any]) -> 
     """Give ``module`` its own forward. A module that accelerate hooked (device_map) keeps its hook: the hook
     calls ``_old_forward``, which is then what is replaced."""
     attr = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
-    record.forwards.append((module, attr, module.__dict__.get(attr, _MISSING)))
+    record.forwards.append((module, attr, module.__dict__.get(attr)))  # (None, not a sentinel: deepcopy keeps it)
     setattr(module, attr, types.MethodType(fn, module))
 
 
@@ -351,7 +350,7 @@ def patch(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, mlp: bo
 
 def _restore(record: _Record) -> None:
     for module, attr, previous in reversed(record.forwards):
-        if previous is _MISSING:
+        if previous is None:
             delattr(module, attr)
         else:
             setattr(module, attr, previous)
