@@ -43,6 +43,12 @@ note() { summary+=("$1"); echo "== $1"; }
 # travel as wheels in .whl/ (git-ignored; make it with `python3 -m pip download --no-deps -d .whl
 # expecttest==0.3.0 liger-kernel==0.8.5` and pass carry=[".whl"] to the device tool). The H200 image has
 # pytest-xdist, hypothesis, cmake and ninja; a machine without them can take their wheels the same way.
+# tests/test_transformers.py and benchmarks/bench_transformers.py need transformers and what it imports
+# (requirements-dev.txt's versions): add the pure-Python `transformers==5.23.0 huggingface_hub==2.4.0
+# tqdm==4.70.1 httpx2==2.17.0 httpcore2==2.17.0 h11==0.16.0 anyio==4.16.0 idna==3.20 truststore==0.10.5` to
+# that command, and the compiled ones for the GPU machine's Python with `python3 -m pip download --no-deps
+# -d .whl --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.X tokenizers==0.23.3
+# safetensors==0.8.0 regex==2026.12.2 PyYAML==6.0.4` (without them those tests skip and that bench fails).
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/torchops-site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site" PATH="/tmp/torchops-site/bin:$PATH"
