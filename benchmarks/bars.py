@@ -300,3 +300,38 @@ def memory_bars_for(op: str, device: str) -> list[MemoryBar]:
 
 def bars_for(op: str, device: str) -> list[Bar]:
     return [b for b in BARS if b.op == op and b.device == device]
+
+
+# torchops.transformers.patch end to end (bench_transformers): a LLaMA-3-style model from a random config in bf16 on the
+# H200, one training step (forward, backward, AdamW) and greedy generation. Liger-Kernel patches transformers' module
+# globals, so its peer is timed after the others, beside the torchops-patched model again (case HF_TRAIN_VS_LIGER).
+HF_LLAMA = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=8192, vocab_size=128256)
+HF_TRAIN_BATCH = (4, 2048)  # sequences x tokens
+HF_GENERATE = (512, 128)  # prompt tokens, new tokens (batch 1)
+HF_TRAIN_SHAPE = f"{HF_TRAIN_BATCH[0]}x{HF_TRAIN_BATCH[1]}"
+HF_GENERATE_SHAPE = f"1x{HF_GENERATE[0]}+{HF_GENERATE[1]}"
+HF_TRAIN, HF_TRAIN_VS_LIGER, HF_GENERATE_CASE = "train step", "train step beside liger", "generate"
+HF_TRAIN_MEMORY = "peak memory train step"
+HF_PATCHED_COMPILED = "torchops + torch.compile"
+
+BARS += [
+    Bar("transformers", "cuda", "vs eager", 1.05, (HF_TRAIN,), ("bf16",),
+        "the patched model must be worth the line that patches it", shapes=(HF_TRAIN_SHAPE,)),
+    Bar("transformers", "cuda", "vs liger", 1.0, (HF_TRAIN_VS_LIGER,), ("bf16",),
+        "Liger's one line is what users pick today", shapes=(HF_TRAIN_SHAPE,)),
+    Bar("transformers", "cuda", "vs torch.compile", 1.0, (HF_TRAIN,), ("bf16",),
+        "compiled, the patched model must not lose to Inductor's own fusions of the unpatched one",
+        shapes=(HF_TRAIN_SHAPE,), impl=HF_PATCHED_COMPILED),
+    Bar("transformers", "cuda", "vs eager", 1.15, (HF_GENERATE_CASE,), ("bf16",),
+        "decode is launch-bound: fewer, fused kernels per layer must show in tokens per second",
+        shapes=(HF_GENERATE_SHAPE,)),
+]
+
+MEMORY_BARS += [
+    MemoryBar("transformers", "cuda", "eager", 1.25, ("bf16",), (HF_TRAIN_SHAPE,),
+              "at most 0.8x the unpatched step's peak: the logits (4 x 2048 x 128256) are never held",
+              case=HF_TRAIN_MEMORY),
+    MemoryBar("transformers", "cuda", "liger", 1.0, ("bf16",), (HF_TRAIN_SHAPE,),
+              "no more memory than the Liger-patched model", case=HF_TRAIN_MEMORY),
+]

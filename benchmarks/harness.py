@@ -459,8 +459,9 @@ def markdown_table(results: Sequence[Result], *, ratios_only: bool) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in results:
         row = [r.op, r.case, r.dtype, r.shape, r.impl]
-        if not ratios_only:
-            row += [_fmt(r.ms * 1e3, ".2f"), _fmt(r.tbps, ".3f")]
+        if not ratios_only:  # a peak-memory row has no time: its peak stands there
+            time = f"{r.extra['peak_mib']:.0f} MiB peak" if "peak_mib" in r.extra else _fmt(r.ms * 1e3, ".2f")
+            row += [time, _fmt(r.tbps, ".3f")]
         vs = "–" if r.speedup is None else f"{r.speedup:.3f}× vs {r.baseline}"
         row += [_fmt(r.pct_copy, ".1f", "%"), vs]
         lines.append("| " + " | ".join(row) + " |")

@@ -11,6 +11,8 @@
 #   --cpp-example  also build and run examples/cpp on its own first (tests/test_cpp.py runs it too, on CPU and CUDA)
 #   --no-build     reuse the in-place build of an earlier call on the same machine (a suite split over calls)
 #   --tests ARGS   pytest selection/args instead of the whole suite (e.g. "-k cuda")
+# The test run stops (SIGINT, so pytest still prints its summary) after $TEST_TIMEOUT seconds (default 420), and
+# every failure is written to $OUT/failures.txt as it happens: a device call cut short still names them.
 #   --bench ARGS   extra args for benchmarks/run_all.py (e.g. "--only vector_add")
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,10 +41,11 @@ summary=()
 status=0
 note() { summary+=("$1"); echo "== $1"; }
 
-# Python packages the machine lacks (expecttest for the tests; liger-kernel, a peer in the rms_norm bench)
-# travel as wheels in .whl/ (git-ignored; make it with `python3 -m pip download --no-deps -d .whl
-# expecttest==0.3.0 liger-kernel==0.8.5` and pass carry=[".whl"] to the device tool). The H200 image has
-# pytest-xdist, hypothesis, cmake and ninja; a machine without them can take their wheels the same way.
+# Python packages the machine lacks travel as wheels in .whl/ (git-ignored; pass carry=[".whl"] to the device
+# tool): `python3 -m pip download --no-deps -d .whl expecttest==0.3.0 liger-kernel==0.8.5 transformers==5.23.0`.
+# The H200 image has pytest-xdist, hypothesis, cmake, ninja, torch_geometric with its dependencies, and what
+# transformers 5.23 imports (huggingface_hub 1.33, tokenizers 0.23.2, safetensors, regex, PyYAML), so
+# tests/test_transformers.py, benchmarks/bench_transformers.py and the GAT bench need only those wheels.
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/torchops-site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site" PATH="/tmp/torchops-site/bin:$PATH"
@@ -126,7 +129,9 @@ t0=$(date +%s)
 XDIST=""
 $PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8} --dist loadgroup"  # loadgroup: the > 2^31-element tests share one worker
 # --durations: the slowest tests at the end of the log, to keep the whole suite within one device call.
-eval "$PY -m pytest $TEST_ARGS $XDIST -q -rfEs --durations=25 --junitxml=\"$OUT/junit.xml\"" >"$OUT/tests.log" 2>&1
+export TORCHOPS_FAILURE_LOG="$OUT/failures.txt"
+eval "timeout -s INT -k 30 ${TEST_TIMEOUT:-420} $PY -m pytest $TEST_ARGS $XDIST -q -rfEs --durations=25 -p no:cacheprovider \
+  --junitxml=\"$OUT/junit.xml\"" >"$OUT/tests.log" 2>&1
 rc=$?
 [ $rc -ne 0 ] && status=1 && grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
 note "tests: $(tail -1 "$OUT/tests.log") (rc $rc, $(( $(date +%s) - t0 )) s)"

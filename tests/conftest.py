@@ -19,6 +19,17 @@ if _XDIST_WORKERS > 1:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
+# A device call can be cut by its time limit before pytest prints its summary: with TORCHOPS_FAILURE_LOG set,
+# each failure is appended to that file as it happens (by the controller only, not again by xdist workers).
+_FAILURE_LOG = os.environ.get("TORCHOPS_FAILURE_LOG")
+
+
+def pytest_runtest_logreport(report) -> None:
+    if _FAILURE_LOG and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(_FAILURE_LOG, "a") as log:
+            log.write(f"FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-3000:]}\n\n")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

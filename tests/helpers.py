@@ -55,6 +55,20 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor, **kw
     torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=rtol, atol=atol, equal_nan=True, **kwargs)
 
 
+def assert_close_to_sum(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, terms: int) -> None:
+    """assert_close_to_reference for entries that are float sums of up to `terms` products: each may also differ
+    by terms * eps * magnitude (magnitude: the float64 sum of the products' absolute values; eps: of the float32
+    or float64 the sum runs in), what any order of the sum can lose to cancellation."""
+    rtol, atol = TOLERANCES.get(actual.dtype, (1.3e-6, 1e-5))
+    eps = torch.finfo(torch.float64 if actual.dtype == torch.float64 else torch.float32).eps
+    slack = terms * eps * magnitude.to(torch.float64)
+    error = (actual.to(torch.float64).cpu() - expected.to(torch.float64).cpu()).abs()
+    allowed = atol + rtol * expected.to(torch.float64).cpu().abs() + slack.cpu()
+    bad = ~(error <= allowed) & ~(actual.cpu().isnan() & expected.cpu().isnan())
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.numel()} entries beyond the sum's bound; worst error "
+                           f"{(error - allowed)[bad].max().item():.3g} past it")
+
+
 def random_tensor(shape: Sequence[int], dtype: torch.dtype, device: str | torch.device, *,
                   low: float = -3.0, high: float = 3.0) -> torch.Tensor:
     """Random values that are never all zeros or ones: they would hide unwritten or mis-indexed output."""

@@ -1,4 +1,4 @@
-"""Train three small models with torchops, eagerly and under torch.compile, next to plain PyTorch.
+"""Train small models with torchops, eagerly and under torch.compile, next to plain PyTorch.
 
     python -m torchops.demo [--device cpu|cuda] [--steps N]      (``make demo``)
 
@@ -8,6 +8,9 @@
 3. A two-layer GAT (graph attention, as PyG's ``GATConv``): per-edge scores by ``torchops.sddmm``, their
    softmax over each node's incoming edges by ``torchops.csr_softmax``, the weighted sum of the sources'
    features by ``torchops.spmm_reduce``: no tensor with a row per edge and feature.
+4. A small random LLaMA from transformers (when it is installed: ``pip install torchops[transformers]``),
+   unpatched and patched by ``torchops.transformers.patch(model)``: losses side by side, time per step and,
+   on CUDA, the peak memory of the training steps.
 
 Each model is trained from the same weights on the same data three ways: plain PyTorch, torchops, and
 torchops under ``torch.compile(fullgraph=True)`` (which refuses any graph break). The demo prints the losses
@@ -181,6 +184,15 @@ def compare(title: str, make: Callable[[bool], nn.Module], batch: tuple, steps: 
         "torchops": train(ours, list(ours.parameters()), batch, steps, loss_fn, lr, device),
         "torchops + torch.compile": train(compiled, list(twin.parameters()), batch, steps, loss_fn, lr, device),
     }
+    compiled_first = f"; the compiled first step took {runs['torchops + torch.compile'][1][0]:.1f} s" if steps else ""
+    return report(runs, steps, timing_note=compiled_first, verdict_note="graph breaks: 0 (fullgraph=True); ")
+
+
+def report(runs: dict[str, tuple[list[float], list[float]]], steps: int, *, timing_note: str = "",
+           verdict_note: str = "", extra: str = "") -> bool:
+    """Print the losses of ``train`` runs side by side (the first run is the reference) and their time per
+    step, then ``extra`` and the verdict; True if every run's losses agree with the reference's (and, after at
+    least one step, its loss went down)."""
     names = list(runs)
     print("  step  " + "".join(f"{name:>26}" for name in names) + "   (loss after the step)")
     for step in range(steps + 1):
@@ -190,19 +202,63 @@ def compare(title: str, make: Callable[[bool], nn.Module], batch: tuple, steps: 
         warm = min(2, steps - 1)
         per_step = {name: 1e3 * sum(s[warm:]) / len(s[warm:]) for name, (_, s) in runs.items()}
         print("  ms/step " + ", ".join(f"{name} {ms:.2f}" for name, ms in per_step.items())
-              + f"   (steps {warm + 1}-{steps}; the compiled first step took {runs[names[2]][1][0]:.1f} s)")
+              + f"   (steps {warm + 1}-{steps}{timing_note})")
+    if extra:
+        print(extra)
     ok = True
     for name in names[1:]:
         try:
-            torch.testing.assert_close(runs[name][0], runs["PyTorch"][0], **LOSS_TOL)
+            torch.testing.assert_close(runs[name][0], runs[names[0]][0], **LOSS_TOL)
         except AssertionError as e:
-            print(f"  {name} losses DISAGREE with PyTorch's:\n{e}")
+            print(f"  {name} losses DISAGREE with {names[0]}'s:\n{e}")
             ok = False
-    learned = runs["PyTorch"][0][-1] < runs["PyTorch"][0][0]
+    learned = runs[names[0]][0][-1] < runs[names[0]][0][0]
     went_down = ("yes" if learned else "NO") if steps else "(no steps taken)"
-    print(f"  losses agree: {'yes' if ok else 'NO'} (rtol {LOSS_TOL['rtol']:g}); "
-          f"graph breaks: 0 (fullgraph=True); loss went down: {went_down}")
+    print(f"  losses agree: {'yes' if ok else 'NO'} (rtol {LOSS_TOL['rtol']:g}); {verdict_note}"
+          f"loss went down: {went_down}")
     return ok and (learned or not steps)
+
+
+def compare_transformers(steps: int, device: torch.device, big: bool) -> bool:
+    """A random LLaMA trained from the same weights unpatched and patched by torchops.transformers.patch; print
+    the losses, the time per step and (CUDA) the peak memory; True if the losses agree. Without transformers
+    the section says how to get it and passes."""
+    try:
+        import transformers
+    except ImportError:
+        print("\ntransformers is not installed (pip install torchops[transformers]): its section is skipped")
+        return True
+    import torchops.transformers
+
+    layers, dim, vocab, batch, seq = (4, 1024, 32000, 4, 1024) if big else (2, 128, 8000, 4, 128)
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=dim, intermediate_size=dim * 11 // 4,
+                                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                                      max_position_embeddings=seq, tie_word_embeddings=False)
+    print(f"\ntransformers {transformers.__version__}: LlamaForCausalLM, {layers} layers, hidden {dim}, vocab {vocab}, "
+          f"{batch} x {seq} tokens; unpatched vs torchops.transformers.patch(model)")
+    torch.manual_seed(SEED)
+    reference = transformers.LlamaForCausalLM(config).to(device)
+    patched = transformers.LlamaForCausalLM(config).to(device)
+    patched.load_state_dict(reference.state_dict())
+    torchops.transformers.patch(patched)
+    gen = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+    runs, peaks = {}, {}
+    for name, model in (("transformers", reference), ("torchops-patched", patched)):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+        runs[name] = train(lambda x, y: model(input_ids=x, labels=y).loss, list(model.parameters()), ((ids, ids), None),
+                           steps, lambda loss, _: loss, 0.1, device)
+        if device.type == "cuda":
+            peaks[name] = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    if peaks:
+        memory = "  peak memory of the steps beyond the model: " + ", ".join(
+            f"{name} {mib:.0f} MiB" for name, mib in peaks.items())
+    else:
+        memory = (f"  peak memory: measured on CUDA only; the patched loss never holds the {batch * seq} x {vocab} "
+                  f"logits ({batch * seq * vocab * 4 / 2**20:.0f} MiB in float32) nor their gradient")
+    return report(runs, steps, extra=memory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,10 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     ok &= compare(f"GCN: A relu(A X W1) W2, {nodes} nodes, {col.numel()} nonzeros, {features} features",
                   lambda use: GCN(features, 32, classes, use), ((crow, col, values, x), labels), args.steps,
                   F.cross_entropy, 0.5, device)  # full-batch training on one graph
-
     ok &= compare(f"GAT: two graph-attention layers (4 heads x 16, then 1 head), {nodes} nodes, {col.numel()} edges",
                   lambda use: GAT(features, 16, 4, classes, use), ((crow, col, x), labels), args.steps,
                   F.cross_entropy, 0.05, device)
+    ok &= compare_transformers(args.steps, device, big)
 
     print("\nall agree" if ok else "\nFAILED: see above")
     return 0 if ok else 1

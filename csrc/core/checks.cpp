@@ -267,15 +267,19 @@ void check_same_device(const char* op, NamedTensor x, NamedTensor y) {
                  " must be on the same device, got ", x.tensor.device(), " and ", y.tensor.device());
 }
 
+void check_like(const char* op, NamedTensor like, NamedTensor t) {
+  check_defined(op, t);
+  check_same_device(op, like, t);
+  check_same_dtype(op, like, t);
+  check_same_shape(op, like, t);
+}
+
 void check_elementwise(const char* op, c10::ArrayRef<NamedTensor> tensors,
                        std::initializer_list<at::ScalarType> allowed) {
   const NamedTensor& first = *tensors.begin();
-  for (const auto& t : tensors) check_defined(op, t);
+  for (const auto& t : tensors) check_defined(op, t);  // every None named before any mismatch
   for (const auto& t : tensors) {
-    if (&t == &first) continue;
-    check_same_device(op, first, t);
-    check_same_dtype(op, first, t);
-    check_same_shape(op, first, t);
+    if (&t != &first) check_like(op, first, t);
   }
   check_dtype_in(op, first, allowed);
 }

@@ -26,6 +26,8 @@ void check_dtype_in(const char* op, NamedTensor t, std::initializer_list<at::Sca
 void check_same_shape(const char* op, NamedTensor x, NamedTensor y);
 void check_same_dtype(const char* op, NamedTensor x, NamedTensor y);
 void check_same_device(const char* op, NamedTensor x, NamedTensor y);
+// t defined, on like's device, with like's dtype and shape (a gradient of like, an operand of an elementwise op).
+void check_like(const char* op, NamedTensor like, NamedTensor t);
 
 // The usual contract of an elementwise op: every tensor defined, same shape, dtype and device as the first,
 // and the first's dtype among `allowed`.

@@ -93,10 +93,7 @@ void check_norm_backward(const char* op, NamedTensor grad_out, NamedTensor input
                          const std::optional<at::Tensor>& weight, NamedTensor stat, bool weight_grad,
                          double weight_offset) {
   check_norm_input(op, input, weight, weight_offset);
-  check_defined(op, grad_out);
-  check_same_device(op, input, grad_out);
-  check_same_dtype(op, input, grad_out);
-  check_same_shape(op, input, grad_out);
+  check_like(op, input, grad_out);
   check_norm_stat(op, input, stat);
   TORCHOPS_CHECK(!weight_grad || given(weight), op, "weight_grad is true but weight is None");
 }

@@ -26,6 +26,7 @@ namespace torchops {
 namespace norm_cpu {
 
 constexpr int64_t kGrainElems = 32768;        // elements per task: large enough to amortise thread hand-off
+constexpr int64_t kChunkElems = 4 * kGrainElems;  // a column-sum chunk's elements at least (each has a partial row)
 constexpr int64_t kMaxChunks = 64;            // column partial rows at most
 constexpr int64_t kPartialBytes = 8 << 20;    // ... and at most this much f64 scratch per column sum
 constexpr int64_t kStageRows = 16;            // rows added in the working precision before going to f64
@@ -170,7 +171,7 @@ inline void for_each_row_with_column_sums(int64_t rows, int64_t n, int64_t width
     for (int64_t j = 0; j < width; ++j) store(j, 0.0);
     return;
   }
-  const int64_t min_rows = std::max<int64_t>(1, kGrainElems / n);
+  const int64_t min_rows = std::max<int64_t>(1, kChunkElems / n);
   const int64_t max_chunks = std::max<int64_t>(1, kPartialBytes / static_cast<int64_t>(sizeof(double) * n));
   const int64_t want = std::min({kMaxChunks, max_chunks, (rows + min_rows - 1) / min_rows});
   const int64_t rows_per_chunk = (rows + want - 1) / want;

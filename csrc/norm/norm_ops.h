@@ -163,10 +163,7 @@ struct NormOps {
       const at::Tensor& rstd, bool input_grad, bool weight_grad, bool bias_grad) {
     const char* op = "_layer_norm_backward";
     check_layer_norm_input(op, {"input", input}, weight, std::nullopt);
-    check_defined(op, {"grad_out", grad_out});
-    check_same_device(op, {"input", input}, {"grad_out", grad_out});
-    check_same_dtype(op, {"input", input}, {"grad_out", grad_out});
-    check_same_shape(op, {"input", input}, {"grad_out", grad_out});
+    check_like(op, {"input", input}, {"grad_out", grad_out});
     check_norm_stat(op, {"input", input}, {"mean", mean});
     check_norm_stat(op, {"input", input}, {"rstd", rstd});
     TORCHOPS_CHECK(!weight_grad || (weight.has_value() && weight->defined()), op,

@@ -116,13 +116,6 @@ void check_qk_norm_weights(const char* op, NamedTensor q, NamedTensor k, NamedTe
   check_weight(op, k, k_weight);
 }
 
-void check_gradient_of(const char* op, NamedTensor like, NamedTensor grad) {
-  check_defined(op, grad);
-  check_same_device(op, like, grad);
-  check_same_dtype(op, like, grad);
-  check_same_shape(op, like, grad);
-}
-
 void check_rotary_constants(const char* op, NamedTensor cos, NamedTensor sin) {
   for (const NamedTensor& t : {cos, sin}) {
     const char* why = autograd_use(t.tensor);

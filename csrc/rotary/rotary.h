@@ -31,9 +31,6 @@ RotaryShape check_rotary(const char* op, NamedTensor q, NamedTensor k, NamedTens
 // qk_norm_rope's weights: 1-D of head_dim on x's device, of x's dtype or (16-bit x) float32; head_dim >= 1.
 void check_qk_norm_weights(const char* op, NamedTensor q, NamedTensor k, NamedTensor q_weight, NamedTensor k_weight);
 
-// A gradient of `like` (an output's): defined, same device, dtype and shape.
-void check_gradient_of(const char* op, NamedTensor like, NamedTensor grad);
-
 // The Autograd kernels: cos and sin are constants; neither may require grad nor carry a forward-mode tangent.
 void check_rotary_constants(const char* op, NamedTensor cos, NamedTensor sin);
 

@@ -111,11 +111,11 @@ struct RotaryOps {
     const bool has_q = grad_q_out.has_value() && grad_q_out->defined();
     const bool has_k = grad_k_out.has_value() && grad_k_out->defined();
     if (has_q) {
-      check_gradient_of(op, {"q", q}, {"grad_q_out", *grad_q_out});
+      check_like(op, {"q", q}, {"grad_q_out", *grad_q_out});
       call.grad_q = head_rows(*grad_q_out, call.rope.shape);
     }
     if (has_k) {
-      check_gradient_of(op, {"k", k}, {"grad_k_out", *grad_k_out});
+      check_like(op, {"k", k}, {"grad_k_out", *grad_k_out});
       call.grad_k = head_rows(*grad_k_out, call.rope.shape);
     }
     call.grad_q_in = empty_or_placeholder(has_q && input_grad, q.sizes(), q.scalar_type(), q);
