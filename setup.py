@@ -14,6 +14,7 @@ Environment:
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -86,6 +87,18 @@ def _write_ops_header() -> None:
         _log(f"generated {os.path.relpath(generator.HEADER, ROOT)} from csrc/ops.cpp")
 
 
+def _sources_digest() -> str:
+    """A digest of every file under csrc/: the ops' schemas and their autograd formulas, which torch.compile's
+    caches cannot see (torchops/_native.py puts it in their key)."""
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(ROOT, "csrc", "**", "*"), recursive=True)):
+        if os.path.isfile(path):
+            digest.update(os.path.relpath(path, ROOT).encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()[:16]
+
+
 def _write_build_info(info: dict[str, object]) -> None:
     # torchops/_build_info.json is read at import time *before* loading _C, so a torch mismatch is
     # reported plainly instead of as an undefined-symbol error. The header bakes the same facts into _C
@@ -95,7 +108,7 @@ def _write_build_info(info: dict[str, object]) -> None:
         f.write("\n")
     os.makedirs(GENERATED_DIR, exist_ok=True)
     header = "".join(
-        f"#define TORCHOPS_{key.upper()} {json.dumps(str(info[key]))}\n" for key in ("torch", "cuda", "archs")
+        f"#define TORCHOPS_{key.upper()} {json.dumps(str(info[key]))}\n" for key in ("torch", "cuda", "archs", "sources")
     )
     path = os.path.join(GENERATED_DIR, "torchops_build_config.h")
     old = open(path).read() if os.path.exists(path) else None
@@ -152,7 +165,8 @@ def _extensions() -> list:
     else:
         _log(f"CPU-only build: {why_not}. CUDA kernels are not compiled.")
 
-    info = {"torch": torch.__version__, "cuda": cuda_version, "archs": archs, "with_cuda": with_cuda}
+    info = {"torch": torch.__version__, "cuda": cuda_version, "archs": archs, "with_cuda": with_cuda,
+            "sources": _sources_digest()}
     _write_build_info(info)
     _write_ops_header()
 

@@ -335,3 +335,26 @@ MEMORY_BARS += [
     MemoryBar("transformers", "cuda", "liger", 1.0, ("bf16",), (HF_TRAIN_SHAPE,),
               "no more memory than the Liger-patched model", case=HF_TRAIN_MEMORY),
 ]
+
+# Several GPUs of one host (multigpu.py, under torchrun; judged at world size 2). The tensor-parallel sub-layer is
+# LLaMA-3-8B's MLP with its pre-norm at 8192 tokens; the FSDP2 step is bench_transformers' model and batch per rank.
+MULTI_GPU_TP_SIZES = (8192, 4096, 14336)  # tokens, dim, hidden
+MULTI_GPU_TP_SHAPE = "x".join(map(str, MULTI_GPU_TP_SIZES))
+MULTI_GPU_TP, MULTI_GPU_FSDP = "tp mlp fwd+bwd", "fsdp2 train step"
+MULTI_GPU_FSDP_MEMORY = "fsdp2 peak memory per GPU"
+MULTI_GPU_NATIVE, MULTI_GPU_UNPATCHED = "native", "unpatched"
+
+BARS += [
+    Bar("multigpu", "cuda", f"vs {MULTI_GPU_NATIVE}", 1.0, (MULTI_GPU_TP,), ("bf16",),
+        "sharded, the ops must still beat the native ops of the same plan", shapes=(MULTI_GPU_TP_SHAPE,)),
+    Bar("multigpu", "cuda", f"vs {MULTI_GPU_NATIVE} + torch.compile", 1.0, (MULTI_GPU_TP,), ("bf16",),
+        "and under torch.compile of the parallelised module", shapes=(MULTI_GPU_TP_SHAPE,),
+        impl="torchops + torch.compile"),
+    Bar("multigpu", "cuda", f"vs {MULTI_GPU_UNPATCHED}", 1.0, (MULTI_GPU_FSDP,), ("bf16",),
+        "the patch must pay under FSDP2 as on one GPU", shapes=(HF_TRAIN_SHAPE,)),
+]
+
+MEMORY_BARS += [
+    MemoryBar("multigpu", "cuda", MULTI_GPU_UNPATCHED, 1.0, ("bf16",), (HF_TRAIN_SHAPE,),
+              "no more memory on any GPU than the unpatched model", case=MULTI_GPU_FSDP_MEMORY),
+]

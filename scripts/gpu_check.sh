@@ -155,6 +155,16 @@ if [ $BENCH -eq 1 ]; then
   grep -E "^Summary" "$OUT/bench.log" | while read -r line; do note "$line"; done
 fi
 
+# ---- two GPUs or more: the torchrun bench (benchmarks/multigpu.py; its bars are for world size 2)
+if [ $BENCH -eq 1 ] && [ "$($PY -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  t0=$(date +%s)
+  $PY -m torch.distributed.run --standalone --nproc_per_node 2 -m benchmarks.multigpu --out-dir "$OUT" \
+    >"$OUT/multigpu.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  note "multigpu bench: rc $rc ($(( $(date +%s) - t0 )) s)"
+fi
+
 # ---- sanitizers: the CUDA kernel tests only (compile/export paths add nothing under a memory checker).
 if [ $SANITIZE -eq 1 ]; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # each allocation exact-sized, so an overrun leaves it

@@ -154,9 +154,10 @@ def poison_cuda_cache(nbytes: int = 64 << 20) -> None:
         del blocks
 
 
-def run_python(code: str, *, timeout: int = 600) -> str:
-    """Run `code` in a fresh interpreter that imports this checkout's torchops; return its stdout."""
-    env = dict(os.environ)
+def run_python(code: str, *, timeout: int = 600, env: dict[str, str] | None = None) -> str:
+    """Run `code` in a fresh interpreter that imports this checkout's torchops (with `env` added to the
+    environment); return its stdout."""
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=REPO_ROOT)

@@ -1,14 +1,16 @@
 """DTensor sharding rules of the myns ops (torchops.distributed), on several processes.
 
-Spawned process groups (gloo on CPU, world sizes 2 and 4; NCCL on two GPUs when there are two) run the
+Spawned process groups (gloo on CPU, world sizes 2 and 4; NCCL on two or four GPUs when there are) run the
 checks in distributed_workers.py: every op forward and backward on DTensor inputs against the same op on
 whole tensors, a tensor/sequence-parallel LLaMA-style block trained eagerly and under torch.compile, and an
-FSDP2 model with torchops.nn.RMSNorm. Each spawn runs many checks, since starting a group costs seconds.
+FSDP2 model with torchops.nn.RMSNorm. Each spawn runs many checks, since starting a group costs seconds. The
+multi-GPU bench (benchmarks/multigpu.py) runs here on two CPU processes at its small sizes.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -149,7 +151,36 @@ def test_gloo_world_size_2_losses():
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2) or not dist.is_nccl_available(),
                     reason="needs two CUDA GPUs and NCCL")
 def test_nccl_world_size_2():
-    spawn(2, "nccl", [*OP_CHECKS, "tp_block", "fsdp", "tp_block_compiled"])
+    spawn(2, "nccl", [*OP_CHECKS, "loss", "tp_block", "fsdp", "tp_block_compiled"])
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 4) or not dist.is_nccl_available(),
+                    reason="needs four CUDA GPUs and NCCL")
+def test_nccl_world_size_4():
+    spawn(4, "nccl", [*OP_CHECKS, "loss", "mesh_2d", "tp_block", "fsdp"])
+
+
+@pytest.mark.slow
+def test_multigpu_bench_runs_under_torchrun() -> None:
+    # benchmarks/multigpu.py's launch line on the CPU (gloo, two processes, its small sizes): every case and
+    # implementation runs, and the sharded results agree with one process's before anything is timed.
+    pytest.importorskip("transformers")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
+    with tempfile.TemporaryDirectory() as out_dir:
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                              "-m", "benchmarks.multigpu", "--device", "cpu", "--quick", "--out-dir", out_dir],
+                             capture_output=True, text=True, env=env, timeout=600, cwd=root)
+        assert out.returncode == 0, out.stdout + out.stderr
+        with open(os.path.join(out_dir, "multigpu_cpu_quick.json")) as f:
+            rows = {(r["case"], r["impl"]) for r in json.load(f)["results"]}
+    impls = ["native", "torchops", "native + torch.compile", "torchops + torch.compile"]
+    want = {("tp mlp fwd+bwd", i) for i in [*impls, "native (1 GPU)", "torchops (1 GPU)"]}
+    want |= {("fsdp2 train step", i) for i in ["unpatched", "torchops", "unpatched (1 GPU)", "torchops (1 GPU)"]}
+    assert rows == want, sorted(rows ^ want)
+    assert "FAILED" not in out.stdout + out.stderr
 
 
 def test_norm_rules_read_arguments_by_name():

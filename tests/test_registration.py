@@ -8,6 +8,7 @@ a new schema is audited the moment it is registered (test_the_audit_sees_a_new_s
 from __future__ import annotations
 
 import collections.abc
+import json
 import os
 import re
 
@@ -16,7 +17,7 @@ import torch
 from torch._library.simple_registry import singleton as simple_registry
 
 import torchops
-from helpers import HAS_CUDA
+from helpers import HAS_CUDA, run_python
 from op_db import OP_DB, OPS_BY_NAME
 from torchops import _native
 
@@ -145,3 +146,34 @@ def test_build_info() -> None:
         cap = torch.cuda.get_device_capability()
         built = [((int(m[1]), int(m[2])), m[3] is not None) for m in archs]
         assert any(c == cap or (ptx and c <= cap) for c, ptx in built), f"sm_{cap} not in {info['archs']}"
+
+
+def test_compile_caches_are_keyed_by_this_torchops() -> None:
+    """torch.compile's caches key a graph by op names alone: a graph traced through another build's autograd
+    formulas or fake kernels (an op renamed, an internal op's meaning changed) would be loaded again. Importing
+    torchops adds a digest of its sources to the key; it is stable, and a user's own tag stays in front of it."""
+    info = torchops.build_info()
+    assert re.fullmatch(r"[0-9a-f]{16}", info["sources"]), info
+    tag = _native.tag_compile_caches()
+    assert re.fullmatch(r"torchops-[0-9a-f]{16}", tag), tag
+    assert torch.compiler.config.cache_key_tag.split("+").count(tag) == 1, torch.compiler.config.cache_key_tag
+    out = run_python("import torch, torchops; print(torch.compiler.config.cache_key_tag)",
+                     env={"TORCH_COMPILE_CACHE_KEY_TAG": "mine"})
+    assert out.split()[-1] == f"mine+{tag}", out
+
+
+def test_the_compile_cache_tag_follows_the_fake_kernels(tmp_path, monkeypatch) -> None:
+    # A copy of the package whose fake kernels differ in one byte gets another tag.
+    package = tmp_path / "torchops"
+    package.mkdir()
+    (package / "_build_info.json").write_text(json.dumps(torchops.build_info()))
+    fake = package / "_meta_kernels"
+    fake.mkdir()
+    (fake / "op.py").write_text("x = 1\n")
+    monkeypatch.setattr(_native, "_BUILD_INFO_PATH", str(package / "_build_info.json"))
+    monkeypatch.setattr(_native, "_PACKAGE_DIR", str(package))
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "")
+    first = _native.tag_compile_caches()
+    (fake / "op.py").write_text("x = 2\n")
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "")
+    assert _native.tag_compile_caches() != first

@@ -12,6 +12,7 @@ from torchops import _native
 
 _C = _native.load()  # registers the myns schemas and the CPU/CUDA/Autograd kernels
 _native.load_fake_kernels()  # torchops._meta_kernels: fake kernels for torch.compile / torch.export
+_native.tag_compile_caches()  # compiled graphs cached with another torchops are never reused
 
 from torchops import graph, nn, ops  # noqa: E402
 from torchops._after_import import after_import  # noqa: E402
@@ -45,5 +46,6 @@ def library_path() -> str:
 
 
 def build_info() -> dict[str, Any]:
-    """What the native extension was built against: torch and CUDA versions, GPU archs, CUDA or not."""
+    """What the native extension was built against: torch and CUDA versions, GPU archs, CUDA or not, and a digest
+    of its C++ sources."""
     return dict(_C.build_info())

@@ -3,6 +3,7 @@ fake kernels."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -84,3 +85,30 @@ def load_fake_kernels() -> ModuleType:
         raise
     setattr(sys.modules["torchops"], "_meta_kernels", module)
     return module
+
+
+def tag_compile_caches() -> str | None:
+    """Adds this torchops to torch.compile's cache key (``torch.compiler.config.cache_key_tag``); returns the tag.
+
+    PyTorch's compile caches (Inductor's FX graph cache, AOTAutograd's) key a graph by the op names it calls, not
+    by what the ops do: a backward traced through an older build's autograd formulas, or shaped by its fake
+    kernels, would be loaded again after an upgrade and call internal ops that changed or no longer exist. The
+    tag is a digest of the C++ sources the build recorded and of the Python sources now on disk (the fake
+    kernels, the wrappers, the sharding rules), so a changed torchops never meets its old cache entries."""
+    config = getattr(getattr(torch, "compiler", None), "config", None)
+    info = read_build_info() or {}
+    if config is None or not hasattr(config, "cache_key_tag"):
+        return None
+    digest = hashlib.sha256(str(info.get("sources", "")).encode())
+    fake_kernels = os.path.join(_PACKAGE_DIR, "_meta_kernels")
+    if not os.path.isdir(fake_kernels):
+        fake_kernels = os.path.join(os.path.dirname(_PACKAGE_DIR), "meta_kernels")
+    for folder in (_PACKAGE_DIR, fake_kernels):
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    digest.update(name.encode() + b"\0" + f.read())
+    tag = f"torchops-{digest.hexdigest()[:16]}"
+    if tag not in config.cache_key_tag.split("+"):  # a user's own tag is kept in front of it
+        config.cache_key_tag = f"{config.cache_key_tag}+{tag}" if config.cache_key_tag else tag
+    return tag

@@ -24,13 +24,17 @@ namespace torchops {
 // here) the advice makes that 2 MiB at a time, which makes first writes markedly cheaper. Smaller buffers
 // come from the heap once glibc's threshold has risen: already faulted in, so the advice would gain nothing
 // there and would mark part of the heap for huge pages for good. (PyTorch's own allocator advises every
-// tensor when THP_MEM_ALLOC_ENABLE=1 is set.) Advice only: on failure, or on other systems, nothing changes.
+// tensor when THP_MEM_ALLOC_ENABLE=1 is set.) A buffer of exactly 32 MiB (a 4096 x 4096 bf16 output) is one
+// of glibc's own mmaps too: its chunk, with the allocator's alignment and glibc's header, is past the
+// threshold, so buffers within a page of it are advised as well. Advice only: on failure, or on other
+// systems, nothing changes.
 inline void advise_huge_pages(const at::Tensor& t) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
   constexpr size_t kMmapThresholdMax = size_t{32} << 20;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX: above it, own mmap
+  constexpr size_t kPage = 4096;
   const size_t bytes = t.nbytes();
-  if (bytes <= kMmapThresholdMax) return;
+  if (bytes + kPage <= kMmapThresholdMax) return;
   const auto base = reinterpret_cast<uintptr_t>(t.const_data_ptr());
   const uintptr_t begin = (base + kHugePage - 1) & ~(kHugePage - 1), end = (base + bytes) & ~(kHugePage - 1);
   if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);

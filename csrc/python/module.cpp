@@ -8,10 +8,11 @@
 
 namespace {
 
-// _C.build_info() -> dict: what this binary was built against, so a mismatch can be reported plainly.
+// _C.build_info() -> dict: what this binary was built against, so a mismatch can be reported plainly, and the
+// digest of the csrc/ it was built from.
 PyObject* build_info(PyObject* /*self*/, PyObject* /*args*/) {
-  return Py_BuildValue("{s:s,s:s,s:s,s:O}", "torch", TORCHOPS_TORCH, "cuda", TORCHOPS_CUDA, "archs", TORCHOPS_ARCHS,
-                       "with_cuda",
+  return Py_BuildValue("{s:s,s:s,s:s,s:s,s:O}", "torch", TORCHOPS_TORCH, "cuda", TORCHOPS_CUDA, "archs",
+                       TORCHOPS_ARCHS, "sources", TORCHOPS_SOURCES, "with_cuda",
 #ifdef TORCHOPS_WITH_CUDA
                        Py_True
 #else
