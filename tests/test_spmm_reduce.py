@@ -98,6 +98,43 @@ def test_max_min_refuse_double_backward_by_name(device: str) -> None:
         gv.sum().backward()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_reads_an_arg_or_transpose_given_at_any_offset(device: str, dtype: torch.dtype) -> None:
+    # _spmm_reduce_backward takes arg and the transpose from its caller: contiguous views at odd offsets (which
+    # the CUDA kernels' vector reads of arg must allow for) give the same gradients as fresh tensors.
+    crow, col = power_law_csr(40, 24, 200, device=device, seed=3)
+    values = torch.randn(col.numel(), dtype=dtype, device=device)
+    dense = torch.randn(24, 16, dtype=dtype, device=device)
+    grad = torch.randn(40, 16, dtype=dtype, device=device)
+    _, arg = torch.ops.myns._spmm_reduce_forward(crow, col, values, dense, "max")
+    transpose = torch.ops.myns._csr_transpose(crow, col, 24)
+
+    def offset(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t.new_zeros(1), t.flatten()])[1:].view(t.shape)
+
+    want = torch.ops.myns._spmm_reduce_backward(grad, crow, col, values, dense, arg, *transpose, True, True)
+    got = torch.ops.myns._spmm_reduce_backward(grad, crow, col, values, dense, offset(arg),
+                                               *map(offset, transpose), True, True)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+
+
+@requires_cuda
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_cuda_transpose_with_out_of_range_t_perm_reads_in_bounds(reduce: str) -> None:
+    # A transpose handed to an op is metadata whose entries are read in bounds whatever they are (csr/csr.h):
+    # an out-of-range t_perm must not reach index_select's device assert, which ends the CUDA context.
+    crow, col = power_law_csr(40, 24, 200, device="cuda", seed=4)
+    values = torch.randn(col.numel(), device="cuda", requires_grad=True)
+    dense = torch.randn(24, 8, device="cuda", requires_grad=True)
+    t_crow, t_col, t_perm = torch.ops.myns._csr_transpose(crow, col, 24)
+    out = torch.ops.myns._csr_spmm_with_transpose(crow, col, values, dense, t_crow, t_col, t_perm + 10**6, reduce)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    assert dense.grad.shape == dense.shape and torch.ones(1, device="cuda").item() == 1.0
+
+
 # ------------------------------------------------------------------------------------- the tie rule
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -117,17 +154,19 @@ def test_ties_send_the_gradient_to_the_first_nonzero_of_the_row(device: str, red
     assert dense.grad.tolist() == [[2.0, 2.0], [3.0, 3.0], [0.0, 0.0]]
 
 
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
-def test_max_values_gradient_sums_the_heads_before_rounding(device: str, dtype: torch.dtype) -> None:
-    # One nonzero, selected in both heads of a (K, 2, 1) dense, its weight shared by the heads (1-D values): its
-    # gradient is the sum of two cancelling terms, 1.375 * d and -1.375 * (d - 0.25) = 0.34375 exactly. Each
-    # term rounded to the 16-bit dtype before the sum (the CUDA backward once did) gives 0.375 (f16) or 0.25 (bf16).
+def test_values_gradient_sums_the_heads_before_rounding(device: str, dtype: torch.dtype, reduce: str) -> None:
+    # One nonzero (selected in both heads by max / min) of a (K, 2, 1) dense, its weight shared by the heads (1-D
+    # values): its gradient is the sum of two cancelling terms, 1.375 * d and -1.375 * (d - 0.25) = 0.34375
+    # exactly. Each term rounded to the 16-bit dtype before the sum (the CUDA max backward, and every device's sum
+    # and mean backward, once did) gives 0.375 (f16) or 0.25 (bf16).
     d = {torch.float16: 47.25, torch.bfloat16: 23.5}[dtype]
     crow, col = torch.tensor([0, 1], device=device), torch.tensor([0], device=device)
     values = torch.ones(1, dtype=dtype, device=device, requires_grad=True)
     dense = torch.tensor([[[d], [-(d - 0.25)]]], dtype=dtype, device=device)
-    out = torchops.spmm_reduce(crow, col, values, dense, "max")
+    out = torchops.spmm_reduce(crow, col, values, dense, reduce)
     out.backward(torch.full_like(out, 1.375))
     assert values.grad.item() == 0.34375
 
@@ -201,6 +240,32 @@ def test_csr_softmax_rows(device: str) -> None:
     e = torch.e
     expected = torch.tensor([1.0, 1 / (1 + e), e / (1 + e), 0.0, 0.0, 1.0])
     torch.testing.assert_close(out.cpu(), expected)  # no overflow at 1e4; exp(-inf) is 0
+
+
+@pytest.mark.parametrize("heads", [1, 20])  # 20: more heads than a warp's groups, one lane group a row on CUDA
+@pytest.mark.parametrize("device", DEVICES)
+def test_csr_softmax_rows_with_infinities_and_nan_are_torch_softmax(device: str, heads: int) -> None:
+    # Two -inf in a row are 0 (not exp(inf - inf)); a +inf makes its whole row NaN, as a NaN does; a row of
+    # -inf alone is NaN. Forward and backward, against torch.softmax on each dense row.
+    inf, nan = float("inf"), float("nan")
+    rows = [[-inf, -inf, 3.0], [inf, 5.0], [-inf, -inf], [nan, 1.0], [inf, inf], [5.0, -inf, -inf, 2.0],
+            [-inf, 4.0, -inf, -inf, 4.0], [2.0] * 40 + [-inf] * 3]
+    crow, _ = _csr_indices([[0] * len(r) for r in rows], torch.int64, device)
+    flat = torch.tensor([v for r in rows for v in r], dtype=F64)
+    values = flat[:, None].repeat(1, heads) if heads > 1 else flat
+    grad = torch.randn(values.shape, dtype=F64)
+    leaf = values.to(device).requires_grad_()
+    out = torchops.csr_softmax(crow, leaf)
+    (got_grad,) = torch.autograd.grad(out, leaf, grad.to(device))
+    want, want_grad, start = [], [], 0
+    for r in rows:
+        part = values[start:start + len(r)].clone().requires_grad_()
+        y = torch.softmax(part, dim=0)
+        want.append(y.detach())
+        want_grad.append(torch.autograd.grad(y, part, grad[start:start + len(r)])[0])
+        start += len(r)
+    torch.testing.assert_close(out.detach().cpu(), torch.cat(want), equal_nan=True)
+    torch.testing.assert_close(got_grad.cpu(), torch.cat(want_grad), equal_nan=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -104,8 +104,11 @@ variable_list spmm_backward_formula(const BackwardContext& ctx, const variable_l
   }
   const at::Tensor scaled = reduce == Reduce::kMean ? per_row_mean(crow, g) : g;
   if (values_grad) {
-    grad_values = sddmm_op().call(crow, col, scaled, dense, "dot");
-    if (values.dim() == 1 && grad_values.dim() == 2) grad_values = grad_values.sum(-1);  // one value for every head
+    // One value for every head: the dot over heads and features at once, so a 16-bit gradient is rounded once
+    // (per head, then summed, missed the float64 one by several ulps where the heads cancel).
+    const bool shared = values.dim() == 1 && dense.dim() == 3;
+    grad_values = shared ? sddmm_op().call(crow, col, scaled.flatten(1), dense.flatten(1), "dot")
+                         : sddmm_op().call(crow, col, scaled, dense, "dot");
   }
   if (dense_grad) grad_dense = transposed_sum(crow, col, values, scaled, dense.sym_size(0), saved[5], saved[6], saved[7]);
   return {grad_values, grad_dense};

@@ -48,6 +48,14 @@ void check_csr_transpose_input(const char* op, const at::Tensor& crow, const at:
 void check_csr_transpose_args(const char* op, const at::Tensor& crow, const at::Tensor& col, const at::Tensor& dense,
                               const at::Tensor& t_crow, const at::Tensor& t_col, const at::Tensor& t_perm);
 
+// values[t_perm] for a transpose a caller handed in: on CUDA its entries are clamped into [0, nnz) first, so a
+// malformed one reads in bounds (index_select's device assert would end the process's CUDA context); the CPU's
+// index_select raises on one. (t_perm holds nnz entries: check_csr_transpose_args.)
+inline at::Tensor permuted_values(const at::Tensor& values, const at::Tensor& t_perm) {
+  if (!values.is_cuda() || values.size(0) == 0) return values.index_select(0, t_perm);
+  return values.index_select(0, t_perm.clamp(0, values.size(0) - 1));
+}
+
 // CPU only (it reads the indices): crow_indices[0] == 0, non-decreasing, crow_indices[M] == nnz and every
 // column in [0, K). Raises a RuntimeError naming the first offending entry.
 void check_csr_structure_cpu(const char* op, const at::Tensor& crow, const at::Tensor& col, int64_t K);

@@ -45,8 +45,11 @@ inline const auto& csr_transpose_op() {
 inline at::Tensor transposed_sum(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                                  const at::Tensor& g, const c10::SymInt& K, at::Tensor t_crow, at::Tensor t_col,
                                  at::Tensor t_perm) {
-  if (!t_crow.defined()) std::tie(t_crow, t_col, t_perm) = csr_transpose_op().call(crow, col, K);
-  const auto permuted = values.defined() ? std::optional<at::Tensor>(values.index_select(0, t_perm)) : std::nullopt;
+  const bool given = t_crow.defined();
+  if (!given) std::tie(t_crow, t_col, t_perm) = csr_transpose_op().call(crow, col, K);
+  const auto permuted = values.defined() ? std::optional<at::Tensor>(given ? permuted_values(values, t_perm)
+                                                                           : values.index_select(0, t_perm))
+                                         : std::nullopt;
   return spmm_reduce_op().call(t_crow, t_col, permuted, g, "sum");
 }
 

@@ -46,7 +46,9 @@ __device__ __forceinline__ Stat<Acc> merge(const Stat<Acc>& a, const Stat<Acc>& 
   if (a.s == Acc(0)) return b;
   if (b.s == Acc(0)) return a;
   const Acc top = (a.m != a.m || b.m != b.m) ? a.m + b.m : ::max(a.m, b.m);  // NaN stays
-  const Acc ea = ::exp(a.m - top), eb = ::exp(b.m - top);
+  // Equal maxima scale by exactly 1: two parts of a row whose maximum is -inf (or +inf) would otherwise take
+  // exp(inf - inf), a NaN the CPU's two-pass softmax never forms for them.
+  const Acc ea = a.m == top ? Acc(1) : ::exp(a.m - top), eb = b.m == top ? Acc(1) : ::exp(b.m - top);
   return {top, a.s * ea + b.s * eb, a.q * ea + b.q * eb};
 }
 
@@ -59,7 +61,7 @@ __device__ __forceinline__ void add(Stat<Acc>& st, Acc x, Acc g) {
     const Acc e = ::exp(st.m - x);
     st = {x, st.s * e + Acc(1), st.q * e + g};
   } else {
-    const Acc e = ::exp(x - st.m);
+    const Acc e = x == st.m ? Acc(1) : ::exp(x - st.m);  // a second -inf adds 1, as exp(x - max) on the CPU
     st.s += e;
     st.q += g * e;
   }
@@ -172,9 +174,11 @@ __global__ void __launch_bounds__(kWarpBlockThreads) softmax_apply_kernel(const 
       const int64_t re = unit_row_end(a.crow, r, j, end, a.nnz);
       if (hok && j < re) {
         const Stat<Acc> st = a.stats[r * H + h];
-        const Acc t = kBackward ? st.q / st.s : Acc(0);  // sum over the row of grad_y * y
+        // A row whose maximum is +inf is NaN throughout, as the CPU's sum of exp(x - max) holds exp(inf - inf).
+        const Acc s = st.m == std::numeric_limits<Acc>::infinity() ? std::numeric_limits<Acc>::quiet_NaN() : st.s;
+        const Acc t = kBackward ? st.q / s : Acc(0);  // sum over the row of grad_y * y
         for (int64_t p = j + group; p < re; p += kGroups) {
-          const Acc y = ::exp(static_cast<Acc>(a.x[p * H + h]) - st.m) / st.s;
+          const Acc y = ::exp(static_cast<Acc>(a.x[p * H + h]) - st.m) / s;
           a.out[p * H + h] = static_cast<T>(kBackward ? y * (static_cast<Acc>(a.grad[p * H + h]) - t) : y);
         }
       }

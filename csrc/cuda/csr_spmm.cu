@@ -533,7 +533,8 @@ std::tuple<at::Tensor, at::Tensor> CudaCsrBackend::select_backward(const char* /
   }
   if (dense_grad) {
     at::Tensor t_crow, t_col, t_perm;
-    if (t_crow_in.has_value() && t_crow_in->defined()) {
+    const bool given = t_crow_in.has_value() && t_crow_in->defined();
+    if (given) {
       t_crow = t_crow_in->contiguous();
       t_col = t_col_in->contiguous();
       t_perm = t_perm_in->contiguous();
@@ -545,7 +546,9 @@ std::tuple<at::Tensor, at::Tensor> CudaCsrBackend::select_backward(const char* /
     grad_dense = empty_dense_cuda(sizes, grad_out.scalar_type(), grad_out.device());
     if (grad_dense.numel() > 0) {
       // Each nonzero's weight in A^T's order; its tag, the position it has in A, is t_perm.
-      const at::Tensor weights = s.values.defined() ? s.values.index_select(0, t_perm) : at::Tensor();
+      const at::Tensor weights = !s.values.defined() ? at::Tensor()
+                                 : given             ? permuted_values(s.values, t_perm)
+                                                     : s.values.index_select(0, t_perm);
       const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
       TORCHOPS_DISPATCH_INDEX_TYPES(s.crow.scalar_type(), "spmm_reduce_backward_cuda", [&] {
         TORCHOPS_DISPATCH_FLOAT_TYPES(grad_out.scalar_type(), "spmm_reduce_backward_cuda", [&] {
@@ -564,6 +567,8 @@ std::tuple<at::Tensor, at::Tensor> CudaCsrBackend::select_backward(const char* /
           a.H = s.H;
           a.sign = 1;
           int v = spmm_vector_size<scalar_t>(s.D, a.ld, a.dhs, a.dense);
+          // arg is read in vectors of v indices too: a contiguous view at an odd offset allows narrower ones only
+          while (v > 1 && !is_aligned(a.sel, v * static_cast<int>(sizeof(index_t)))) v /= 2;
           launch_spmm<Accumulate::kMaskedSum, false>(a, v, grad_dense, stream);
         });
       });

@@ -244,6 +244,8 @@ at::Tensor sddmm_into(const SddmmOperands& o, SddmmOp kind, const at::Tensor& se
       if (kind == SddmmOp::kMul) return launch_sddmm_pointwise<scalar_t, index_t, false>(s, device, stream);
       int v = std::min(lane_vector_size<scalar_t>(o.D, s.lda, s.a), lane_vector_size<scalar_t>(o.D, s.ldb, s.b));
       while (v > 1 && (s.ahs % v != 0 || s.bhs % v != 0)) v /= 2;
+      // the selections (masked) are read in vectors of v indices too: an offset view may allow narrower ones only
+      while (v > 1 && s.sel != nullptr && !is_aligned(s.sel, v * static_cast<int>(sizeof(index_t)))) v /= 2;
       with_vector_size<scalar_t>(v, [&](auto vector) {
         constexpr int V = decltype(vector)::value;
         if (s.sel != nullptr) {
