@@ -213,9 +213,7 @@ def bench_cross_entropy(args: argparse.Namespace, liger: dict | None) -> Iterato
 
 def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
     H.raise_recompile_limit()
-    liger, why = _liger() if args.device == "cuda" else (None, "CPU run")
-    if args.device == "cuda" and liger is None:
-        print(f"Liger-Kernel not available ({why}): its bars will report no data", file=sys.stderr)
+    liger = H.liger_peer(args.device, _liger)
     results: list[H.Result] = []
     try:
         if "linear_cross_entropy" in args.ops:

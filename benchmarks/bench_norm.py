@@ -241,10 +241,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
     H.raise_recompile_limit()  # a fresh compile per shape, each specialised
-    liger, why = _liger() if args.device == "cuda" else (None, "CPU run")
-    if liger is None and args.device == "cuda":
-        print(f"NOTE: Liger-Kernel skipped ({why}; pip install liger-kernel==0.8.5): its bars report no data",
-              file=sys.stderr)
+    liger = H.liger_peer(args.device, _liger)
     yield from bench(args, liger)
 
 

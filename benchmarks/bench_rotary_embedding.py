@@ -269,10 +269,7 @@ def _measure(case: Case, dtype: torch.dtype, args: argparse.Namespace, liger: An
 
 def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
     H.raise_recompile_limit()  # a fresh compile per shape, each specialised
-    liger, why = _liger() if args.device == "cuda" else (None, "CPU run")
-    if liger is None and args.device == "cuda":
-        print(f"NOTE: Liger-Kernel skipped ({why}; pip install liger-kernel==0.8.5): its bars report no data",
-              file=sys.stderr)
+    liger = H.liger_peer(args.device, _liger)
     for dtype in args.dtypes:
         for case in cases(args.device, args.quick, args.ops):
             rows = list(_measure(case, dtype, args, liger))

@@ -211,6 +211,19 @@ def time_all_ms(fns: dict[str, Callable[[], Any]], device: str, *, quick: bool =
     return {name: statistics.median(times) * 1e3 for name, times in blocks.items()}
 
 
+def liger_peer(device: str, load: Callable[[], tuple[Any, str]]) -> Any:
+    """A bench's Liger-Kernel functions, as its `load()` gives them (the functions, or None and why not), on CUDA
+    only (they are Triton kernels); where they cannot be loaded there a note says why, since their bars will then
+    report no data."""
+    if device != "cuda":
+        return None
+    peer, why = load()
+    if peer is None:
+        print(f"NOTE: Liger-Kernel skipped ({why}; pip install liger-kernel==0.8.5): its bars report no data",
+              file=sys.stderr)
+    return peer
+
+
 def raise_recompile_limit(limit: int = 1024) -> None:
     """Let torch.compile baselines compile afresh for every shape (and form) of a run: past dynamo's
     recompile limit a function silently falls back to eager, and the baseline would be eager's."""

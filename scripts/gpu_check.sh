@@ -45,7 +45,9 @@ note() { summary+=("$1"); echo "== $1"; }
 # tool): `python3 -m pip download --no-deps -d .whl expecttest==0.3.0 liger-kernel==0.8.5 transformers==5.23.0`.
 # The H200 image has pytest-xdist, hypothesis, cmake, ninja, torch_geometric with its dependencies, and what
 # transformers 5.23 imports (huggingface_hub 1.33, tokenizers 0.23.2, safetensors, regex, PyYAML), so
-# tests/test_transformers.py, benchmarks/bench_transformers.py and the GAT bench need only those wheels.
+# tests/test_transformers.py, benchmarks/bench_transformers.py and the GAT bench need only those wheels (and, should
+# the image's regex be older than transformers' floor, checked at import: `--only-binary=:all: --platform
+# manylinux2014_x86_64 --python-version 3.12 regex==2026.12.2`).
 if compgen -G ".whl/*.whl" >/dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/torchops-site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/torchops-site" PATH="/tmp/torchops-site/bin:$PATH"
