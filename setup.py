@@ -107,9 +107,8 @@ def _write_build_info(info: dict[str, object]) -> None:
         json.dump(info, f, indent=2, sort_keys=True)
         f.write("\n")
     os.makedirs(GENERATED_DIR, exist_ok=True)
-    header = "".join(
-        f"#define TORCHOPS_{key.upper()} {json.dumps(str(info[key]))}\n" for key in ("torch", "cuda", "archs", "sources")
-    )
+    keys = ("torch", "cuda", "archs", "sources")
+    header = "".join(f"#define TORCHOPS_{key.upper()} {json.dumps(str(info[key]))}\n" for key in keys)
     path = os.path.join(GENERATED_DIR, "torchops_build_config.h")
     old = open(path).read() if os.path.exists(path) else None
     if old != header:  # rewriting an unchanged header would force a rebuild of ops.cpp

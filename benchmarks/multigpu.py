@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks import harness as H
-from benchmarks.bars import (HF_TRAIN_BATCH, MULTI_GPU_FSDP, MULTI_GPU_FSDP_MEMORY, MULTI_GPU_NATIVE, MULTI_GPU_TP,
-                             MULTI_GPU_TP_SIZES, MULTI_GPU_UNPATCHED)
+from benchmarks.bars import (MULTI_GPU_FSDP, MULTI_GPU_FSDP_MEMORY, MULTI_GPU_NATIVE, MULTI_GPU_TP, MULTI_GPU_TP_SIZES,
+                             MULTI_GPU_UNPATCHED)
 from benchmarks.harness import IMPL
 
 OP = "multigpu"
@@ -47,7 +47,8 @@ COMPILED_SUFFIX = " + torch.compile"
 ONE_GPU_SUFFIX = " (1 GPU)"
 ROUNDS = 3
 # NVLink multicast can take the host's GPUs out of service: never on (the GPU machines set these too).
-for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                     ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(_var, _value)
 
 
@@ -70,12 +71,12 @@ class MLPSubLayer(nn.Module):
 
     def __init__(self, dim: int, hidden: int, use_torchops: bool, eps: float = 1e-5) -> None:
         super().__init__()
-        self.use_torchops, self.eps = use_torchops, eps
+        self.eps = eps
         self.norm = nn.RMSNorm(dim, eps=eps)
         self.mlp = MLP(dim, hidden, use_torchops)
 
     def forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
-        if self.use_torchops:
+        if self.mlp.use_torchops:
             import torchops
             h, residual = torchops.add_rms_norm(x, residual, self.norm.weight, self.eps)
         else:
@@ -178,10 +179,13 @@ def tp_case(args: argparse.Namespace, mesh: Any, dtype: torch.dtype, reps: int) 
     dx.requires_grad_()
     dr.requires_grad_()
 
-    def sharded(use_torchops: bool, compiled: bool) -> Callable[[], list[Tensor]]:
+    def sublayer(use_torchops: bool) -> MLPSubLayer:  # base's weights, this implementation's ops
         model = copy.deepcopy(base)
-        model.use_torchops = model.mlp.use_torchops = use_torchops
-        model = parallelize(model, mesh)
+        model.mlp.use_torchops = use_torchops
+        return model
+
+    def sharded(use_torchops: bool, compiled: bool) -> Callable[[], list[Tensor]]:
+        model = parallelize(sublayer(use_torchops), mesh)
         call = torch.compile(model) if compiled else model
         inputs = [dx, dr, *model.parameters()]
 
@@ -203,8 +207,7 @@ def tp_case(args: argparse.Namespace, mesh: Any, dtype: torch.dtype, reps: int) 
     if rank == 0:
         singles = {}
         for use_torchops in (False, True):
-            model = copy.deepcopy(base)
-            model.use_torchops = model.mlp.use_torchops = use_torchops
+            model = sublayer(use_torchops)
             lx, lr = x.clone().requires_grad_(), r.clone().requires_grad_()
             inputs = [lx, lr, *model.parameters()]
 
@@ -226,7 +229,7 @@ def tp_case(args: argparse.Namespace, mesh: Any, dtype: torch.dtype, reps: int) 
             one_gpu = time_ms(singles, device, reps, collective=False)
     agree(error, device)
     times = time_ms(steps, device, reps, collective=True)
-    dname = next(k for k, v in H.DTYPES.items() if v == dtype)
+    dname = H.DTYPE_NAMES[dtype]
     rows = []
     for impl, ms in times.items():
         peer = MULTI_GPU_NATIVE + (COMPILED_SUFFIX if impl.endswith(COMPILED_SUFFIX) else "")
@@ -240,44 +243,11 @@ def tp_case(args: argparse.Namespace, mesh: Any, dtype: torch.dtype, reps: int) 
 
 
 # ------------------------------------------------------------------------------------------------- FSDP2
-def _local_bytes(tensors: list[Tensor]) -> int:
-    from torch.distributed.tensor import DTensor
-    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
-    return sum(t.numel() * t.element_size() for t in local)
-
-
-class Trainee:
-    def __init__(self, model: nn.Module, ids: Tensor, labels: Tensor) -> None:
-        self.model, self.ids, self.labels = model, ids, labels
-        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def loss(self) -> float:
-        with torch.no_grad():
-            return float(self.model(input_ids=self.ids, labels=self.labels).loss)
-
-    def step(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        self.model(input_ids=self.ids, labels=self.labels).loss.backward()
-        self.opt.step()
-
-    def peak_bytes(self) -> int:
-        """One step's peak on this GPU beyond what was allocated before it, plus this model's own resident bytes
-        (its weights and optimizer state, this rank's shards of them)."""
-        H.free_memory("cuda")
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        self.step()
-        torch.cuda.synchronize()
-        state = [v for s in self.opt.state.values() for v in s.values() if isinstance(v, Tensor)]
-        return torch.cuda.max_memory_allocated() - before + _local_bytes([*self.model.parameters(), *state])
-
-
 def fsdp_case(args: argparse.Namespace, mesh: Any, dtype: torch.dtype, reps: int) -> list[H.Result]:
     import transformers
     import torchops.transformers as tt
     from torch.distributed.fsdp import fully_shard
-    from benchmarks.bench_transformers import IGNORE_EVERY, sizes
+    from benchmarks.bench_transformers import IGNORE_EVERY, Trainee, check_loss, sizes
     device, ws, rank = args.device, mesh.size(), dist.get_rank()
     config_kwargs, (batch, seq), _ = sizes(args)
     config = transformers.LlamaConfig(**config_kwargs, max_position_embeddings=seq, tie_word_embeddings=False,
@@ -298,19 +268,18 @@ def fsdp_case(args: argparse.Namespace, mesh: Any, dtype: torch.dtype, reps: int
             for layer in model.model.layers:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
-        return Trainee(model, ids, labels)
+        return Trainee(model, model, ids, labels)
 
     trainees = {MULTI_GPU_UNPATCHED: trainee(False, True), IMPL: trainee(True, True)}
     reference = trainees[MULTI_GPU_UNPATCHED].loss()
-    rtol = 1e-4 if dtype == torch.float32 else 2e-2
     error = None
-    for name, t in trainees.items():
-        loss = t.loss()
-        if abs(loss - reference) > rtol * abs(reference):
-            error = f"fsdp2 {name}: first loss {loss:.6f} on rank {rank}, unpatched {reference:.6f} (rtol {rtol:g})"
+    try:
+        check_loss(f"fsdp2 {IMPL} on rank {rank}", trainees[IMPL].loss(), reference, dtype)
+    except AssertionError as e:
+        error = str(e)
     agree(error, device)
     times = time_ms({name: t.step for name, t in trainees.items()}, device, reps, collective=True)
-    peaks = {name: max_over_ranks(t.peak_bytes(), device) for name, t in trainees.items()} if device == "cuda" else {}
+    peaks = {name: max_over_ranks(t.peak_bytes(device), device) for name, t in trainees.items()} if device == "cuda" else {}
     del trainees
     H.free_memory(device)
     one_gpu: dict[str, float] = {}
@@ -320,7 +289,7 @@ def fsdp_case(args: argparse.Namespace, mesh: Any, dtype: torch.dtype, reps: int
         del singles
         H.free_memory(device)
     dist.barrier()
-    dname = next(k for k, v in H.DTYPES.items() if v == dtype)
+    dname = H.DTYPE_NAMES[dtype]
     rows = [row(MULTI_GPU_FSDP, impl, ms, shape, numel, dname, device, ws,
                 baseline=(MULTI_GPU_UNPATCHED, times[MULTI_GPU_UNPATCHED]) if impl == IMPL else None,
                 tokens_per_s=ws * numel / (ms / 1e3)) for impl, ms in times.items()]

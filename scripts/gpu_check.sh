@@ -11,9 +11,10 @@
 #   --cpp-example  also build and run examples/cpp on its own first (tests/test_cpp.py runs it too, on CPU and CUDA)
 #   --no-build     reuse the in-place build of an earlier call on the same machine (a suite split over calls)
 #   --tests ARGS   pytest selection/args instead of the whole suite (e.g. "-k cuda")
+#   --bench ARGS   extra args for benchmarks/run_all.py (e.g. "--only vector_add")
+#
 # The test run stops (SIGINT, so pytest still prints its summary) after $TEST_TIMEOUT seconds (default 420), and
 # every failure is written to $OUT/failures.txt as it happens: a device call cut short still names them.
-#   --bench ARGS   extra args for benchmarks/run_all.py (e.g. "--only vector_add")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -127,15 +127,23 @@ def test_gloo_world_size_4():
     spawn(4, "gloo", [*OP_CHECKS, "mesh_2d", "tp_block", "fsdp"])
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --standalone --nproc_per_node 2 ARGS` from the repo root, this checkout's
+    torchops first on the path; asserts that it succeeded."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          *args], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
 @pytest.mark.slow
 def test_example_runs_under_torchrun() -> None:
     # The README's launch line for examples/distributed_rms_norm.py, on the CPU (gloo), two processes.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          os.path.join(root, "examples", "distributed_rms_norm.py"), "--device", "cpu"],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = torchrun(os.path.join("examples", "distributed_rms_norm.py"), "--device", "cpu")
     assert "ok: the block trained on 2 ranks (cpu) matches the block trained on whole tensors" in out.stdout, out.stdout
     assert out.stdout.count("step ") == 3, out.stdout
 
@@ -167,13 +175,8 @@ def test_multigpu_bench_runs_under_torchrun() -> None:
     # benchmarks/multigpu.py's launch line on the CPU (gloo, two processes, its small sizes): every case and
     # implementation runs, and the sharded results agree with one process's before anything is timed.
     pytest.importorskip("transformers")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
     with tempfile.TemporaryDirectory() as out_dir:
-        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                              "-m", "benchmarks.multigpu", "--device", "cpu", "--quick", "--out-dir", out_dir],
-                             capture_output=True, text=True, env=env, timeout=600, cwd=root)
-        assert out.returncode == 0, out.stdout + out.stderr
+        out = torchrun("-m", "benchmarks.multigpu", "--device", "cpu", "--quick", "--out-dir", out_dir)
         with open(os.path.join(out_dir, "multigpu_cpu_quick.json")) as f:
             rows = {(r["case"], r["impl"]) for r in json.load(f)["results"]}
     impls = ["native", "torchops", "native + torch.compile", "torchops + torch.compile"]

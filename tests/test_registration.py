@@ -11,6 +11,8 @@ import collections.abc
 import json
 import os
 import re
+import sys
+import types
 
 import pytest
 import torch
@@ -172,6 +174,7 @@ def test_the_compile_cache_tag_follows_the_fake_kernels(tmp_path, monkeypatch) -
     (fake / "op.py").write_text("x = 1\n")
     monkeypatch.setattr(_native, "_BUILD_INFO_PATH", str(package / "_build_info.json"))
     monkeypatch.setattr(_native, "_PACKAGE_DIR", str(package))
+    monkeypatch.setitem(sys.modules, _native.FAKE_KERNELS, types.SimpleNamespace(__file__=str(fake / "__init__.py")))
     monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "")
     first = _native.tag_compile_caches()
     (fake / "op.py").write_text("x = 2\n")

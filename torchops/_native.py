@@ -96,15 +96,12 @@ def tag_compile_caches() -> str | None:
     tag is a digest of the C++ sources the build recorded and of the Python sources now on disk (the fake
     kernels, the wrappers, the sharding rules), so a changed torchops never meets its old cache entries."""
     config = getattr(getattr(torch, "compiler", None), "config", None)
-    info = read_build_info() or {}
     if config is None or not hasattr(config, "cache_key_tag"):
         return None
-    digest = hashlib.sha256(str(info.get("sources", "")).encode())
-    fake_kernels = os.path.join(_PACKAGE_DIR, "_meta_kernels")
-    if not os.path.isdir(fake_kernels):
-        fake_kernels = os.path.join(os.path.dirname(_PACKAGE_DIR), "meta_kernels")
+    digest = hashlib.sha256(str((read_build_info() or {}).get("sources", "")).encode())
+    fake_kernels = os.path.dirname(sys.modules[FAKE_KERNELS].__file__)  # where load_fake_kernels found them
     for folder in (_PACKAGE_DIR, fake_kernels):
-        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        for name in sorted(os.listdir(folder)):
             if name.endswith(".py"):
                 with open(os.path.join(folder, name), "rb") as f:
                     digest.update(name.encode() + b"\0" + f.read())
