@@ -98,7 +98,9 @@ __global__ void __launch_bounds__(1024 / kPer) norm_register_rows_kernel(Forward
   using WChunk = AlignedVector<W, kC>;
   constexpr bool kHints = !kAdd && sizeof(T) * kC == kVectorBytes;
   constexpr bool kBlockHints = kHints && sizeof(T) == 4 && kPer == 4;
-  constexpr bool kWeightFirst = kPer <= 4;
+  // Both of layer_norm's parameters held through the row's sum took 116-118 registers a thread at 4 vectors (40
+  // without parameters, 78 with one): they are read after the sum there.
+  constexpr bool kWeightFirst = kPer <= 4 && !(kWeight && kBias);
   __shared__ double scratch[2][M::kStats][kWarpSize];
   __shared__ double exact_scratch[2][1][kWarpSize];
   const int group_threads = kGroup > 0 ? kGroup : row_threads;

@@ -12,12 +12,13 @@
 #include "../core/dispatch.h"
 #include "../core/empty.h"
 #include "../norm/norm.h"
+#include "../norm/norm_cuda.cuh"
 #include "rotary_cuda.cuh"
 
 namespace torchops::rotary_cuda {
 namespace {
 
-constexpr int64_t kMaxChunks = 4096;            // the backward's partial rows per side at most
+constexpr int64_t kMaxChunks = 1024;            // the backward's partial rows per side at most
 constexpr size_t kPartialSmemBytes = 32 << 10;  // its groups' dweight rows per block
 
 // Sums of the weights' gradient rows: f32 for 16-bit input (whose gradients round far coarser), f64 otherwise.
@@ -220,17 +221,6 @@ __global__ void qk_norm_rope_backward_kernel(const QkArgs<T, W> a) {
   }
 }
 
-// out[col] = the sum of the chunks' partial rows at col, in chunk order.
-template <typename S, typename W>
-__global__ void weight_grad_columns_kernel(const S* partial, int64_t chunks, int64_t n, W* out) {
-  for (int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; col < n;
-       col += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    S sum = 0;
-    for (int64_t c = 0; c < chunks; ++c) sum += partial[c * n + col];
-    out[col] = static_cast<W>(sum);
-  }
-}
-
 // with_vector_size (core/cuda_utils.cuh) over the widths up to kWidest elements only.
 template <int kWidest, typename Fn>
 void with_width_up_to(int v, Fn&& fn) {
@@ -356,16 +346,14 @@ void qk_norm_backward_cuda(const QkNormCall& call) {
             <<<static_cast<unsigned int>(a.chunks_q + chunks_k), threads, smem, stream>>>(a);
         TORCHOPS_CUDA_LAUNCH_CHECK();
       }
-      const unsigned int column_blocks = blocks_to_cover(a.n, kThreads);
+      // The chunks' partial rows summed per column in a fixed order, as the norms' weight gradients are.
       if (call.grad_q_weight.defined()) {
-        weight_grad_columns_kernel<S, W><<<column_blocks, kThreads, 0, stream>>>(
-            a.partial, a.chunks_q, a.n, call.grad_q_weight.mutable_data_ptr<W>());
-        TORCHOPS_CUDA_LAUNCH_CHECK();
+        norm_cuda::launch_column_reduce<S, W>(a.partial, a.chunks_q, a.n, call.grad_q_weight.mutable_data_ptr<W>(),
+                                              stream);
       }
       if (call.grad_k_weight.defined()) {
-        weight_grad_columns_kernel<S, W><<<column_blocks, kThreads, 0, stream>>>(
-            a.partial + a.chunks_q * a.n, chunks_k, a.n, call.grad_k_weight.mutable_data_ptr<W>());
-        TORCHOPS_CUDA_LAUNCH_CHECK();
+        norm_cuda::launch_column_reduce<S, W>(a.partial + a.chunks_q * a.n, chunks_k, a.n,
+                                              call.grad_k_weight.mutable_data_ptr<W>(), stream);
       }
     });
   });
