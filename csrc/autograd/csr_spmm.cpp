@@ -31,27 +31,11 @@ using TensorRef = const at::Tensor&;
 // (crow_indices, col_indices, x, y) -> out: csr_spmm (x = values) and _csr_sddmm (x = grad_out).
 using CsrBilinearSig = at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef);
 
-const auto& csr_spmm_op() {
-  static const auto op = find_op<CsrBilinearSig>("myns::csr_spmm");
-  return op;
-}
-
-const auto& csr_spmm_with_transpose_op() {
-  static const auto op =
-      find_op<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef)>(
-          "myns::_csr_spmm_with_transpose");
-  return op;
-}
-
-const auto& csr_sddmm_op() {
-  static const auto op = find_op<CsrBilinearSig>("myns::_csr_sddmm");
-  return op;
-}
-
-const auto& csr_transpose_op() {
-  static const auto op = find_op<Transpose(TensorRef, TensorRef, c10::SymInt)>("myns::_csr_transpose");
-  return op;
-}
+const OpRef<CsrBilinearSig> csr_spmm_op{"myns::csr_spmm"};
+const OpRef<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef)>
+    csr_spmm_with_transpose_op{"myns::_csr_spmm_with_transpose"};
+const OpRef<CsrBilinearSig> csr_sddmm_op{"myns::_csr_sddmm"};
+const OpRef<Transpose(TensorRef, TensorRef, c10::SymInt)> csr_transpose_op{"myns::_csr_transpose"};
 
 // A^T @ g for A = (crow, col, values) with K columns, through the transpose (computed when not given).
 at::Tensor transposed_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
