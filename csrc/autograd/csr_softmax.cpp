@@ -15,15 +15,9 @@ namespace {
 
 using TensorRef = const at::Tensor&;
 
-const auto& softmax_op() {
-  static const auto op = find_op<at::Tensor(TensorRef, TensorRef)>("myns::csr_softmax");
-  return op;
-}
-
-const auto& softmax_backward_op() {
-  static const auto op = find_op<at::Tensor(TensorRef, TensorRef, TensorRef)>("myns::_csr_softmax_backward");
-  return op;
-}
+const OpRef<at::Tensor(TensorRef, TensorRef)> softmax_op{"myns::csr_softmax"};
+const OpRef<at::Tensor(TensorRef, TensorRef, TensorRef)> softmax_backward_op{
+    "myns::_csr_softmax_backward"};
 
 // Saved: crow, values. Edges: values.
 variable_list softmax_backward_formula(const BackwardContext& ctx, const variable_list& saved,
@@ -51,26 +45,9 @@ at::Tensor csr_softmax_autograd(const at::Tensor& crow, const at::Tensor& values
   return out;
 }
 
-variable_list refuse_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                     const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "_csr_softmax_backward",
-                 "double backward (differentiating csr_softmax's backward) is not supported");
-  return {};
-}
-
 at::Tensor csr_softmax_backward_autograd(const at::Tensor& crow, const at::Tensor& grad_out, const at::Tensor& values) {
-  TORCHOPS_CHECK(!has_forward_grad(grad_out, values), "_csr_softmax_backward", "forward-mode AD is not supported");
-  OpNodePtr node;
-  if (needs_grad(grad_out, values)) {
-    node = make_op_node("CsrSoftmaxBackwardBackward", &refuse_double_backward, {grad_out, values});
-  }
-  at::Tensor grad;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    grad = softmax_backward_op().call(crow, grad_out, values);
-  }
-  if (node) record_outputs(node, {grad});
-  return grad;
+  return call_differentiable_once("CsrSoftmaxBackwardBackward", "_csr_softmax_backward", "", {grad_out, values},
+                                  [&] { return softmax_backward_op().call(crow, grad_out, values); });
 }
 
 }  // namespace

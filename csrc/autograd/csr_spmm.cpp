@@ -38,30 +38,14 @@ namespace {
 
 using namespace csr_autograd;
 
-const auto& csr_spmm_op() {
-  static const auto op = find_op<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef)>("myns::csr_spmm");
-  return op;
-}
-
-const auto& with_transpose_op() {
-  static const auto op =
-      find_op<at::Tensor(TensorRef, TensorRef, OptRef, TensorRef, TensorRef, TensorRef, TensorRef, c10::string_view)>(
-          "myns::_csr_spmm_with_transpose");
-  return op;
-}
-
-const auto& spmm_reduce_forward_op() {
-  static const auto op = find_op<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, OptRef, TensorRef,
-                                                                    c10::string_view)>("myns::_spmm_reduce_forward");
-  return op;
-}
-
-const auto& spmm_reduce_backward_op() {
-  static const auto op =
-      find_op<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, TensorRef, OptRef, TensorRef, TensorRef, OptRef,
-                                                 OptRef, OptRef, bool, bool)>("myns::_spmm_reduce_backward");
-  return op;
-}
+const OpRef<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef)> csr_spmm_op{"myns::csr_spmm"};
+const OpRef<at::Tensor(TensorRef, TensorRef, OptRef, TensorRef, TensorRef, TensorRef, TensorRef, c10::string_view)>
+    with_transpose_op{"myns::_csr_spmm_with_transpose"};
+const OpRef<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, OptRef, TensorRef, c10::string_view)>
+    spmm_reduce_forward_op{"myns::_spmm_reduce_forward"};
+const OpRef<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, TensorRef, OptRef, TensorRef, TensorRef, OptRef,
+                                               OptRef, OptRef, bool, bool)>
+    spmm_reduce_backward_op{"myns::_spmm_reduce_backward"};
 
 const char* reduce_name(Reduce r) {
   switch (r) {
@@ -98,7 +82,7 @@ variable_list spmm_backward_formula(const BackwardContext& ctx, const variable_l
   const bool values_grad = values.defined() && ctx.needs_input_grad(0), dense_grad = ctx.needs_input_grad(1);
   if (selects(reduce)) {
     std::tie(grad_values, grad_dense) = spmm_reduce_backward_op().call(
-        g, crow, col, optional(values), dense, arg, optional(saved[5]), optional(saved[6]), optional(saved[7]),
+        g, crow, col, optional_of(values), dense, arg, optional_of(saved[5]), optional_of(saved[6]), optional_of(saved[7]),
         values_grad, dense_grad);
     return {values_grad ? grad_values : at::Tensor(), dense_grad ? grad_dense : at::Tensor()};
   }
@@ -156,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor> record_spmm(Reduce reduce, const at::Tensor& 
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     if (selects(reduce) && (op == nullptr || node || has_forward_grad(values, dense))) {
-      std::tie(out, arg) = spmm_reduce_forward_op().call(crow, col, optional(values), dense, reduce_name(reduce));
+      std::tie(out, arg) = spmm_reduce_forward_op().call(crow, col, optional_of(values), dense, reduce_name(reduce));
     } else {
       out = (*op)(values, dense);
     }
@@ -184,8 +168,6 @@ std::tuple<at::Tensor, at::Tensor> record_spmm(Reduce reduce, const at::Tensor& 
   return {out, arg};
 }
 
-at::Tensor defined_or_empty(const OptTensor& t) { return t.has_value() ? *t : at::Tensor(); }
-
 at::Tensor csr_spmm_autograd(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,
                              const at::Tensor& dense) {
   const auto op = [&](const at::Tensor& v, const at::Tensor& d) { return csr_spmm_op().call(crow, col, v, d); };
@@ -198,9 +180,9 @@ at::Tensor spmm_reduce_autograd(const at::Tensor& crow, const at::Tensor& col, c
   // max and min run _spmm_reduce_forward below: checked here first, under this op's name.
   if (selects(r)) check_spmm_reduce_args("spmm_reduce", crow, col, values, dense);
   const auto op = [&](const at::Tensor& v, const at::Tensor& d) {
-    return spmm_reduce_op().call(crow, col, optional(v), d, reduce);
+    return spmm_reduce_op().call(crow, col, optional_of(v), d, reduce);
   };
-  return std::get<0>(record_spmm(r, crow, col, defined_or_empty(values), dense, {}, {}, {}, &op));
+  return std::get<0>(record_spmm(r, crow, col, given_or_undefined(values), dense, {}, {}, {}, &op));
 }
 
 std::tuple<at::Tensor, at::Tensor> spmm_reduce_forward_autograd(const at::Tensor& crow, const at::Tensor& col,
@@ -208,7 +190,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_reduce_forward_autograd(const at::Tensor
                                                                 c10::string_view reduce) {
   const Reduce r = parse_selecting_reduce("_spmm_reduce_forward", reduce);
   using Unused = at::Tensor (*)(const at::Tensor&, const at::Tensor&);
-  return record_spmm<Unused>(r, crow, col, defined_or_empty(values), dense, {}, {}, {}, nullptr);
+  return record_spmm<Unused>(r, crow, col, given_or_undefined(values), dense, {}, {}, {}, nullptr);
 }
 
 at::Tensor with_transpose_autograd(const at::Tensor& crow, const at::Tensor& col, const OptTensor& values,
@@ -221,38 +203,22 @@ at::Tensor with_transpose_autograd(const at::Tensor& crow, const at::Tensor& col
     check_csr_transpose_args(name, crow, col, dense, t_crow, t_col, t_perm);
   }
   const auto op = [&](const at::Tensor& v, const at::Tensor& d) {
-    return with_transpose_op().call(crow, col, optional(v), d, t_crow, t_col, t_perm, reduce);
+    return with_transpose_op().call(crow, col, optional_of(v), d, t_crow, t_col, t_perm, reduce);
   };
-  return std::get<0>(record_spmm(r, crow, col, defined_or_empty(values), dense, t_crow, t_col, t_perm, &op));
-}
-
-// _spmm_reduce_backward as a graph node whose own backward refuses: create_graph=True still works,
-// differentiating through it raises by name.
-variable_list refuse_select_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                            const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "_spmm_reduce_backward",
-                 "double backward (differentiating the backward of spmm_reduce's max or min) is not supported");
-  return {};
+  return std::get<0>(record_spmm(r, crow, col, given_or_undefined(values), dense, t_crow, t_col, t_perm, &op));
 }
 
 std::tuple<at::Tensor, at::Tensor> spmm_reduce_backward_autograd(
     const at::Tensor& grad_out, const at::Tensor& crow, const at::Tensor& col, const OptTensor& values,
     const at::Tensor& dense, const at::Tensor& arg, const OptTensor& t_crow, const OptTensor& t_col,
     const OptTensor& t_perm, bool values_grad, bool dense_grad) {
-  const at::Tensor v = defined_or_empty(values);
-  TORCHOPS_CHECK(!has_forward_grad(grad_out, v, dense), "_spmm_reduce_backward", "forward-mode AD is not supported");
-  OpNodePtr node;
-  if (needs_grad(grad_out, v, dense)) {
-    node = make_op_node("SpmmReduceBackwardBackward", &refuse_select_double_backward, {grad_out, v, dense});
-  }
-  at::Tensor grad_values, grad_dense;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    std::tie(grad_values, grad_dense) = spmm_reduce_backward_op().call(grad_out, crow, col, values, dense, arg, t_crow,
-                                                                       t_col, t_perm, values_grad, dense_grad);
-  }
-  if (node) record_outputs(node, {grad_values, grad_dense});
-  return {grad_values, grad_dense};
+  const at::Tensor v = given_or_undefined(values);
+  return call_differentiable_once("SpmmReduceBackwardBackward", "_spmm_reduce_backward", "", {grad_out, v, dense},
+                                  [&] {
+                                    return spmm_reduce_backward_op().call(grad_out, crow, col, values, dense, arg,
+                                                                          t_crow, t_col, t_perm, values_grad,
+                                                                          dense_grad);
+                                  });
 }
 
 // Integer outputs only: nothing to differentiate.

@@ -39,22 +39,9 @@ using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Ten
                                                                    const OptTensor&, const at::Tensor&,
                                                                    const at::Tensor&, bool, bool, bool);
 
-const auto& layer_norm_op() {
-  static const auto op = find_op<LayerNormSig>("myns::layer_norm");
-  return op;
-}
-
-const auto& layer_norm_forward_op() {
-  static const auto op = find_op<ForwardSig>("myns::_layer_norm_forward");
-  return op;
-}
-
-const auto& layer_norm_backward_op() {
-  static const auto op = find_op<BackwardSig>("myns::_layer_norm_backward");
-  return op;
-}
-
-at::Tensor given_or_undefined(const OptTensor& t) { return t.has_value() ? *t : at::Tensor(); }
+const OpRef<LayerNormSig> layer_norm_op{"myns::layer_norm"};
+const OpRef<ForwardSig> layer_norm_forward_op{"myns::_layer_norm_forward"};
+const OpRef<BackwardSig> layer_norm_backward_op{"myns::_layer_norm_backward"};
 
 // x̂ and rstd of each row in ATen ops (differentiable in x to any order), in the compute dtype.
 struct Centred {
@@ -135,7 +122,7 @@ variable_list layer_norm_backward_formula(const BackwardContext& ctx, const vari
         grad_out, input, weight, eps, input_grad, weight_grad, bias_grad, bias_dtype);
   } else {
     std::tie(grad_input, grad_weight, grad_bias) = layer_norm_backward_op().call(
-        grad_out, input, weight.defined() ? OptTensor(weight) : std::nullopt, mean, rstd, input_grad, weight_grad,
+        grad_out, input, optional_of(weight), mean, rstd, input_grad, weight_grad,
         bias_grad);
     if (bias_grad) grad_bias = grad_bias.to(bias_dtype);  // the kernel's is weight's or the stat dtype
   }
@@ -181,35 +168,16 @@ at::Tensor layer_norm_autograd(const at::Tensor& input, const OptTensor& weight,
   return std::get<0>(layer_norm_forward_recorded(input, weight, bias, eps));
 }
 
-// The backward op as a graph node whose own backward refuses: create_graph=True still works (e.g. for
-// gradient penalties that don't differentiate through it twice), differentiating it raises by name.
-variable_list refuse_layer_norm_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                                const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "_layer_norm_backward",
-                 "double backward (differentiating _layer_norm_backward) is not supported; layer_norm's own "
-                 "backward is differentiable under create_graph=True");
-  return {};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_autograd(
     const at::Tensor& grad_out, const at::Tensor& input, const OptTensor& weight, const at::Tensor& mean,
     const at::Tensor& rstd, bool input_grad, bool weight_grad, bool bias_grad) {
   const at::Tensor w = given_or_undefined(weight);
-  TORCHOPS_CHECK(!has_forward_grad(grad_out, input, w, mean, rstd), "_layer_norm_backward",
-                 "forward-mode AD is not supported; layer_norm's own backward supports it under create_graph=True");
-  OpNodePtr node;
-  if (needs_grad(grad_out, input, w, mean, rstd)) {
-    node = make_op_node("LayerNormBackwardBackward", &refuse_layer_norm_double_backward,
-                        {grad_out, input, w, mean, rstd});
-  }
-  at::Tensor grad_input, grad_weight, grad_bias;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    std::tie(grad_input, grad_weight, grad_bias) = layer_norm_backward_op().call(
-        grad_out, input, weight, mean, rstd, input_grad, weight_grad, bias_grad);
-  }
-  if (node) record_outputs(node, {grad_input, grad_weight, grad_bias});
-  return {grad_input, grad_weight, grad_bias};
+  return call_differentiable_once("LayerNormBackwardBackward", "_layer_norm_backward",
+                                  "; differentiate layer_norm's own backward under create_graph=True instead",
+                                  {grad_out, input, w, mean, rstd}, [&] {
+                                    return layer_norm_backward_op().call(grad_out, input, weight, mean, rstd,
+                                                                         input_grad, weight_grad, bias_grad);
+                                  });
 }
 
 }  // namespace

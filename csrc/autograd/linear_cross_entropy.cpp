@@ -47,51 +47,20 @@ using CeForwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const
 using CeBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
                                  double, OptDouble);
 
-const auto& forward_op() {
-  static const auto op = find_op<ForwardSig>("myns::_linear_cross_entropy_forward");
-  return op;
-}
-
-const auto& backward_op() {
-  static const auto op = find_op<BackwardSig>("myns::_linear_cross_entropy_backward");
-  return op;
-}
-
-const auto& ce_forward_op() {
-  static const auto op = find_op<CeForwardSig>("myns::_cross_entropy_forward");
-  return op;
-}
-
-const auto& ce_backward_op() {
-  static const auto op = find_op<CeBackwardSig>("myns::_cross_entropy_backward");
-  return op;
-}
-
-OptTensor optional_of(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-at::Tensor defined_or_empty(const OptTensor& t) { return t.has_value() ? *t : at::Tensor(); }
+const OpRef<ForwardSig> forward_op{"myns::_linear_cross_entropy_forward"};
+const OpRef<BackwardSig> backward_op{"myns::_linear_cross_entropy_backward"};
+const OpRef<CeForwardSig> ce_forward_op{"myns::_cross_entropy_forward"};
+const OpRef<CeBackwardSig> ce_backward_op{"myns::_cross_entropy_backward"};
 
 // Targets are validated here under the public op's name where they can be read: dense CPU tensors (not a
 // fake, functional, functorch or DTensor wrapper, whose data this kernel cannot read).
 bool readable_cpu(const at::Tensor& t) { return t.is_cpu() && !at::isTensorSubclassLike(t); }
-
-void refuse_forward_ad(const char* op, std::initializer_list<at::Tensor> tensors) {
-  for (const at::Tensor& t : tensors) {
-    TORCHOPS_CHECK(!has_forward_grad(t), op, "forward-mode AD is not supported");
-  }
-}
 
 // ------------------------------------------------------------------------------ linear_cross_entropy
 
 // Saved: grad_input, grad_weight, grad_bias of the forward (placeholders where not computed), then input,
 // linear_weight, linear_bias (only as edges of the refusing node under create_graph). Edges: input,
 // linear_weight, linear_bias.
-variable_list refuse_linear_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                            const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "linear_cross_entropy",
-                 "double backward (differentiating linear_cross_entropy's backward) is not supported");
-  return {};
-}
-
 variable_list scaled_gradients_formula(const BackwardContext& ctx, const variable_list& saved,
                                        const variable_list& grads) {
   const at::Tensor& g = grads[0];
@@ -112,8 +81,8 @@ variable_list scaled_gradients_formula(const BackwardContext& ctx, const variabl
   if (recorded) {
     // The saved gradients are constants to autograd: differentiating these results would silently drop
     // their dependence on the inputs, so a node that refuses takes their place.
-    OpNodePtr node = make_op_node("LinearCrossEntropyBackwardBackward", &refuse_linear_double_backward,
-                                  {g, saved[3], saved[4], saved[5]});
+    OpNodePtr node = make_refusing_node("LinearCrossEntropyBackwardBackward", "linear_cross_entropy", "",
+                                        {g, saved[3], saved[4], saved[5]});
     record_outputs(node, {out[0], out[1], out[2]});
   }
   return out;
@@ -144,7 +113,7 @@ at::Tensor linear_cross_entropy_recorded(const char* op, const at::Tensor& input
   const LossReduction reduction_kind = parse_reduction(op, reduction);
   check_chunk_size(op, chunk_size);
   if (readable_cpu(target)) check_targets_cpu(op, target, linear_weight.size(0), ignore_index);
-  const at::Tensor bias = defined_or_empty(linear_bias);
+  const at::Tensor bias = given_or_undefined(linear_bias);
   refuse_forward_ad(op, {input, linear_weight, bias});
   const auto dtype = input.scalar_type();
   if (!needs_grad(input, linear_weight, bias)) {
@@ -206,7 +175,7 @@ Tensor4 linear_cross_entropy_forward_autograd(const at::Tensor& input, const at:
                                               const OptTensor& grad_scale, bool input_grad, bool weight_grad,
                                               bool bias_grad, int64_t chunk_size) {
   const char* op = "_linear_cross_entropy_forward";
-  const at::Tensor bias = defined_or_empty(linear_bias);
+  const at::Tensor bias = given_or_undefined(linear_bias);
   refuse_forward_ad(op, {input, linear_weight, bias});
   OpNodePtr node;
   if (needs_grad(input, linear_weight, bias)) {
@@ -227,33 +196,18 @@ Tensor4 linear_cross_entropy_forward_autograd(const at::Tensor& input, const at:
   return out;
 }
 
-variable_list refuse_backward_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                              const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "_linear_cross_entropy_backward",
-                 "double backward (differentiating _linear_cross_entropy_backward) is not supported");
-  return {};
-}
-
 Tensor3 linear_cross_entropy_backward_autograd(const at::Tensor& grad_loss, const at::Tensor& input,
                                                const at::Tensor& linear_weight, const at::Tensor& target,
                                                const OptTensor& linear_bias, int64_t ignore_index,
                                                double label_smoothing, OptDouble softcap, bool input_grad,
                                                bool weight_grad, bool bias_grad, int64_t chunk_size) {
-  const at::Tensor bias = defined_or_empty(linear_bias);
-  refuse_forward_ad("_linear_cross_entropy_backward", {grad_loss, input, linear_weight, bias});
-  OpNodePtr node;
-  if (needs_grad(grad_loss, input, linear_weight, bias)) {
-    node = make_op_node("LinearCrossEntropyBackwardBackward", &refuse_backward_double_backward,
-                        {grad_loss, input, linear_weight, bias});
-  }
-  Tensor3 out;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    out = backward_op().call(grad_loss, input, linear_weight, target, linear_bias, ignore_index, label_smoothing,
-                             softcap, input_grad, weight_grad, bias_grad, chunk_size);
-  }
-  if (node) record_outputs(node, {std::get<0>(out), std::get<1>(out), std::get<2>(out)});
-  return out;
+  const at::Tensor bias = given_or_undefined(linear_bias);
+  return call_differentiable_once("LinearCrossEntropyBackwardBackward", "_linear_cross_entropy_backward", "",
+                                  {grad_loss, input, linear_weight, bias}, [&] {
+                                    return backward_op().call(grad_loss, input, linear_weight, target, linear_bias,
+                                                              ignore_index, label_smoothing, softcap, input_grad,
+                                                              weight_grad, bias_grad, chunk_size);
+                                  });
 }
 
 // ------------------------------------------------------------------------------------- cross_entropy
@@ -306,28 +260,14 @@ at::Tensor cross_entropy_autograd(const at::Tensor& logits, const at::Tensor& ta
   return reduce_loss(loss, target, reduction_kind, ignore_index, logits.scalar_type());
 }
 
-variable_list refuse_ce_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                        const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "_cross_entropy_backward",
-                 "double backward (differentiating _cross_entropy_backward) is not supported");
-  return {};
-}
-
 at::Tensor cross_entropy_backward_autograd(const at::Tensor& grad_loss, const at::Tensor& logits,
                                            const at::Tensor& target, const at::Tensor& lse, int64_t ignore_index,
                                            double label_smoothing, OptDouble softcap) {
-  refuse_forward_ad("_cross_entropy_backward", {grad_loss, logits, lse});
-  OpNodePtr node;
-  if (needs_grad(grad_loss, logits, lse)) {
-    node = make_op_node("CrossEntropyBackwardBackward", &refuse_ce_double_backward, {grad_loss, logits, lse});
-  }
-  at::Tensor grad;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    grad = ce_backward_op().call(grad_loss, logits, target, lse, ignore_index, label_smoothing, softcap);
-  }
-  if (node) record_outputs(node, {grad});
-  return grad;
+  return call_differentiable_once("CrossEntropyBackwardBackward", "_cross_entropy_backward", "",
+                                  {grad_loss, logits, lse}, [&] {
+                                    return ce_backward_op().call(grad_loss, logits, target, lse, ignore_index,
+                                                                 label_smoothing, softcap);
+                                  });
 }
 
 }  // namespace

@@ -45,39 +45,12 @@ using AddForwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::T
 using AddBackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptTensor&, const at::Tensor&,
                                                           const OptTensor&, const at::Tensor&, bool, double);
 
-OptTensor optional_of(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-
-const auto& rms_norm_op() {
-  static const auto op = find_op<RmsNormSig>("myns::rms_norm");
-  return op;
-}
-
-const auto& add_rms_norm_op() {
-  static const auto op = find_op<AddSig>("myns::add_rms_norm");
-  return op;
-}
-
-const auto& add_rms_norm_forward_op() {
-  static const auto op = find_op<AddForwardSig>("myns::_add_rms_norm_forward");
-  return op;
-}
-
-const auto& add_rms_norm_backward_op() {
-  static const auto op = find_op<AddBackwardSig>("myns::_add_rms_norm_backward");
-  return op;
-}
-
-const auto& rms_norm_forward_op() {
-  static const auto op = find_op<ForwardSig>("myns::_rms_norm_forward");
-  return op;
-}
-
-const auto& rms_norm_backward_op() {
-  static const auto op = find_op<BackwardSig>("myns::_rms_norm_backward");
-  return op;
-}
-
-at::Tensor defined_or_empty(const OptTensor& t) { return t.has_value() ? *t : at::Tensor(); }
+const OpRef<RmsNormSig> rms_norm_op{"myns::rms_norm"};
+const OpRef<AddSig> add_rms_norm_op{"myns::add_rms_norm"};
+const OpRef<AddForwardSig> add_rms_norm_forward_op{"myns::_add_rms_norm_forward"};
+const OpRef<AddBackwardSig> add_rms_norm_backward_op{"myns::_add_rms_norm_backward"};
+const OpRef<ForwardSig> rms_norm_forward_op{"myns::_rms_norm_forward"};
+const OpRef<BackwardSig> rms_norm_backward_op{"myns::_rms_norm_backward"};
 
 // a + b where either may be undefined (a zero term).
 at::Tensor add_terms(const at::Tensor& a, const at::Tensor& b) {
@@ -164,7 +137,7 @@ variable_list rms_norm_backward_formula(const BackwardContext& ctx, const variab
 // out and rstd of _rms_norm_forward with rms_norm's graph node (on out) and tangent (of out).
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_recorded(const at::Tensor& input, const OptTensor& weight,
                                                              double eps, double weight_offset) {
-  const at::Tensor w = defined_or_empty(weight);
+  const at::Tensor w = given_or_undefined(weight);
   OpNodePtr node = make_op_node("RmsNormBackward", &rms_norm_backward_formula, {input, w});
   at::Tensor out, rstd;
   {
@@ -188,7 +161,7 @@ void record_rms_norm_tangent(const at::Tensor& out, const at::Tensor& input, con
 }
 
 at::Tensor rms_norm_autograd(const at::Tensor& input, const OptTensor& weight, double eps, double weight_offset) {
-  const at::Tensor w = defined_or_empty(weight);
+  const at::Tensor w = given_or_undefined(weight);
   at::Tensor out;
   if (needs_grad(input, w)) {
     // Checked here under this op's name: the kernels below are _rms_norm_forward's.
@@ -204,7 +177,7 @@ at::Tensor rms_norm_autograd(const at::Tensor& input, const OptTensor& weight, d
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_forward_autograd(const at::Tensor& input, const OptTensor& weight,
                                                              double eps, double weight_offset) {
-  const at::Tensor w = defined_or_empty(weight);
+  const at::Tensor w = given_or_undefined(weight);
   at::Tensor out, rstd;
   if (needs_grad(input, w)) {
     std::tie(out, rstd) = rms_norm_forward_recorded(input, weight, eps, weight_offset);
@@ -247,7 +220,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward_recorded(con
                                                                              const at::Tensor& residual,
                                                                              const OptTensor& weight, double eps,
                                                                              double weight_offset) {
-  const at::Tensor w = defined_or_empty(weight);
+  const at::Tensor w = given_or_undefined(weight);
   OpNodePtr node;
   if (needs_grad(input, residual, w)) {
     node = make_op_node("AddRmsNormBackward", &add_rms_norm_backward_formula, {input, residual, w});
@@ -282,7 +255,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward_recorded(con
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_autograd(const at::Tensor& input, const at::Tensor& residual,
                                                          const OptTensor& weight, double eps, double weight_offset) {
-  const at::Tensor w = defined_or_empty(weight);
+  const at::Tensor w = given_or_undefined(weight);
   if (!needs_grad(input, residual, w) && !has_forward_grad(input, residual, w)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return add_rms_norm_op().call(input, residual, weight, eps, weight_offset);
@@ -300,42 +273,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward_autograd(con
   return add_rms_norm_forward_recorded(input, residual, weight, eps, weight_offset);
 }
 
-// The backward ops as graph nodes whose own backward refuses: create_graph=True still works (e.g. for
-// gradient penalties that don't differentiate through them twice), differentiating them raises by name.
-variable_list refuse_rms_norm_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                              const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "_rms_norm_backward",
-                 "double backward (differentiating _rms_norm_backward) is not supported; rms_norm's own "
-                 "backward is differentiable under create_graph=True");
-  return {};
-}
-
-variable_list refuse_add_rms_norm_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                                  const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "_add_rms_norm_backward",
-                 "double backward (differentiating add_rms_norm's backward) is not supported");
-  return {};
-}
-
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_autograd(const at::Tensor& grad_out, const at::Tensor& input,
                                                               const OptTensor& weight, const at::Tensor& rstd,
                                                               bool input_grad, bool weight_grad,
                                                               double weight_offset) {
-  const at::Tensor w = defined_or_empty(weight);
-  TORCHOPS_CHECK(!has_forward_grad(grad_out, input, w, rstd), "_rms_norm_backward",
-                 "forward-mode AD is not supported; rms_norm's own backward supports it under create_graph=True");
-  OpNodePtr node;
-  if (needs_grad(grad_out, input, w, rstd)) {
-    node = make_op_node("RmsNormBackwardBackward", &refuse_rms_norm_double_backward, {grad_out, input, w, rstd});
-  }
-  at::Tensor grad_input, grad_weight;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    std::tie(grad_input, grad_weight) =
-        rms_norm_backward_op().call(grad_out, input, weight, rstd, input_grad, weight_grad, weight_offset);
-  }
-  if (node) record_outputs(node, {grad_input, grad_weight});
-  return {grad_input, grad_weight};
+  const at::Tensor w = given_or_undefined(weight);
+  return call_differentiable_once("RmsNormBackwardBackward", "_rms_norm_backward",
+                                  "; differentiate rms_norm's own backward under create_graph=True instead",
+                                  {grad_out, input, w, rstd}, [&] {
+                                    return rms_norm_backward_op().call(grad_out, input, weight, rstd, input_grad,
+                                                                       weight_grad, weight_offset);
+                                  });
 }
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_autograd(const at::Tensor& grad_out,
@@ -343,23 +291,15 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_backward_autograd(const at::Tens
                                                                   const at::Tensor& residual_out,
                                                                   const OptTensor& weight, const at::Tensor& rstd,
                                                                   bool weight_grad, double weight_offset) {
-  const at::Tensor w = defined_or_empty(weight);
-  const at::Tensor dres = defined_or_empty(grad_residual_out);
-  TORCHOPS_CHECK(!has_forward_grad(grad_out, dres, residual_out, w, rstd), "_add_rms_norm_backward",
-                 "forward-mode AD is not supported");
-  OpNodePtr node;
-  if (needs_grad(grad_out, dres, residual_out, w, rstd)) {
-    node = make_op_node("AddRmsNormBackwardBackward", &refuse_add_rms_norm_double_backward,
-                        {grad_out, dres, residual_out, w, rstd});
-  }
-  at::Tensor grad_input, grad_weight;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    std::tie(grad_input, grad_weight) = add_rms_norm_backward_op().call(grad_out, grad_residual_out, residual_out,
-                                                                        weight, rstd, weight_grad, weight_offset);
-  }
-  if (node) record_outputs(node, {grad_input, grad_weight});
-  return {grad_input, grad_weight};
+  const at::Tensor w = given_or_undefined(weight);
+  const at::Tensor dres = given_or_undefined(grad_residual_out);
+  return call_differentiable_once("AddRmsNormBackwardBackward", "_add_rms_norm_backward",
+                                  "; differentiate add_rms_norm's own backward under create_graph=True instead",
+                                  {grad_out, dres, residual_out, w, rstd}, [&] {
+                                    return add_rms_norm_backward_op().call(grad_out, grad_residual_out,
+                                                                           residual_out, weight, rstd, weight_grad,
+                                                                           weight_offset);
+                                  });
 }
 
 }  // namespace

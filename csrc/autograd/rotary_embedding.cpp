@@ -44,34 +44,13 @@ using QkNormBackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Ten
     const at::Tensor&, const at::Tensor&, double, double, int64_t, bool, bool, bool);
 using CacheSig = void(const at::Tensor&, const at::Tensor&, const OptTensor&, int64_t, const at::Tensor&, bool);
 
-const auto& rotary_embedding_op() {
-  static const auto op = find_op<RotateSig>("myns::rotary_embedding");
-  return op;
-}
-
-const auto& rotary_embedding_backward_op() {
-  static const auto op = find_op<RotateSig>("myns::_rotary_embedding_backward");
-  return op;
-}
-
-const auto& qk_norm_rope_op() {
-  static const auto op = find_op<QkNormSig>("myns::qk_norm_rope");
-  return op;
-}
-
-const auto& qk_norm_rope_backward_op() {
-  static const auto op = find_op<QkNormBackwardSig>("myns::_qk_norm_rope_backward");
-  return op;
-}
-
-const auto& rotary_embedding_inplace_op() {
-  static const auto op = find_op<CacheSig>("myns::rotary_embedding_");
-  return op;
-}
+const OpRef<RotateSig> rotary_embedding_op{"myns::rotary_embedding"};
+const OpRef<RotateSig> rotary_embedding_backward_op{"myns::_rotary_embedding_backward"};
+const OpRef<QkNormSig> qk_norm_rope_op{"myns::qk_norm_rope"};
+const OpRef<QkNormBackwardSig> qk_norm_rope_backward_op{"myns::_qk_norm_rope_backward"};
+const OpRef<CacheSig> rotary_embedding_inplace_op{"myns::rotary_embedding_"};
 
 at::Tensor tangent_of(const at::Tensor& t) { return t.defined() ? t._fw_grad(kForwardGradLevel) : at::Tensor(); }
-
-OptTensor optional_of(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
 // a + b where either may be undefined (a zero term).
 at::Tensor add_terms(const at::Tensor& a, const at::Tensor& b) {
@@ -266,37 +245,19 @@ Pair qk_norm_rope_autograd(const at::Tensor& q, const at::Tensor& k, const at::T
   return {q_out, k_out};
 }
 
-// _qk_norm_rope_backward as a graph node whose own backward refuses: create_graph=True still works (for gradient
-// penalties that don't differentiate through it twice), differentiating it raises by name.
-variable_list refuse_qk_norm_rope_double_backward(const BackwardContext& /*ctx*/, const variable_list& /*saved*/,
-                                                  const variable_list& /*grads*/) {
-  TORCHOPS_CHECK(false, "_qk_norm_rope_backward",
-                 "double backward (differentiating _qk_norm_rope_backward) is not supported; qk_norm_rope's own "
-                 "backward is differentiable under create_graph=True");
-  return {};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> qk_norm_rope_backward_autograd(
     const OptTensor& grad_q_out, const OptTensor& grad_k_out, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& q_weight, const at::Tensor& k_weight, const at::Tensor& cos, const at::Tensor& sin, double eps,
     double weight_offset, int64_t unsqueeze_dim, bool interleaved, bool input_grad, bool weight_grad) {
   const at::Tensor gq = grad_q_out.value_or(at::Tensor()), gk = grad_k_out.value_or(at::Tensor());
   check_rotary_constants("_qk_norm_rope_backward", {"cos", cos}, {"sin", sin});
-  TORCHOPS_CHECK(!has_forward_grad(gq, gk, q, k, q_weight, k_weight), "_qk_norm_rope_backward",
-                 "forward-mode AD is not supported; qk_norm_rope's own backward supports it under create_graph=True");
-  OpNodePtr node;
-  if (needs_grad(gq, gk, q, k, q_weight, k_weight)) {
-    node = make_op_node("QkNormRopeBackwardBackward", &refuse_qk_norm_rope_double_backward,
-                        {gq, gk, q, k, q_weight, k_weight});
-  }
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> grads;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    grads = qk_norm_rope_backward_op().call(grad_q_out, grad_k_out, q, k, q_weight, k_weight, cos, sin, eps,
-                                            weight_offset, unsqueeze_dim, interleaved, input_grad, weight_grad);
-  }
-  if (node) record_outputs(node, {std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), std::get<3>(grads)});
-  return grads;
+  return call_differentiable_once(
+      "QkNormRopeBackwardBackward", "_qk_norm_rope_backward",
+      "; differentiate qk_norm_rope's own backward under create_graph=True instead", {gq, gk, q, k, q_weight, k_weight},
+      [&] {
+        return qk_norm_rope_backward_op().call(grad_q_out, grad_k_out, q, k, q_weight, k_weight, cos, sin, eps,
+                                               weight_offset, unsqueeze_dim, interleaved, input_grad, weight_grad);
+      });
 }
 
 // --------------------------------------------------------------------------------------- rotary_embedding_

@@ -13,16 +13,9 @@
 namespace torchops {
 namespace {
 
-const auto& vector_add_op() {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("myns::vector_add");
-  return op;
-}
-
-const auto& vector_add_out_op() {
-  static const auto op =
-      find_op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("myns::vector_add_out");
-  return op;
-}
+const OpRef<at::Tensor(const at::Tensor&, const at::Tensor&)> vector_add_op{"myns::vector_add"};
+const OpRef<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)> vector_add_out_op{
+    "myns::vector_add_out"};
 
 at::Tensor vector_add_below_autograd(const at::Tensor& a, const at::Tensor& b) {
   at::AutoDispatchBelowADInplaceOrView guard;

@@ -130,4 +130,24 @@ void record_outputs(const OpNodePtr& node, std::initializer_list<at::Tensor> out
   for (const auto& out : outputs) torch::autograd::set_history(out, node);
 }
 
+namespace {
+
+// attrs: the op's name and the hint, as make_refusing_node stores them.
+variable_list refuse_differentiation(const BackwardContext& ctx, const variable_list& /*saved*/,
+                                     const variable_list& /*grads*/) {
+  TORCHOPS_CHECK(false, ctx.attrs[0].toStringRef(),
+                 "double backward (differentiating the gradients it returns) is not supported",
+                 ctx.attrs[1].toStringRef());
+  return {};
+}
+
+}  // namespace
+
+OpNodePtr make_refusing_node(const char* name, const char* op, const char* hint,
+                             std::initializer_list<at::Tensor> edges) {
+  OpNodePtr node = make_op_node(name, &refuse_differentiation, edges);
+  node->attrs = {std::string(op), std::string(hint)};
+  return node;
+}
+
 }  // namespace torchops

@@ -23,20 +23,26 @@
 // node->attrs.
 #pragma once
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/dynamo/compiled_autograd.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "autograd_utils.h"
 
 // Compiled autograd's interface for C++ nodes (const compiled_args, bind_function / call_function,
 // PackedArgs) is used as torch 2.14 has it; against older torch the node keeps Node's defaults, which raise
@@ -123,5 +129,37 @@ OpNodePtr make_op_node(const char* name, BackwardFormula formula, std::initializ
 
 // Makes each output's grad_fn the node (output i receives grads[i] in the formula).
 void record_outputs(const OpNodePtr& node, std::initializer_list<at::Tensor> outputs);
+
+// A node that raises when differentiated: "myns::<op>: double backward (...) is not supported<hint>". Outputs
+// that are constants to autograd yet depend on `edges` get it: differentiating them raises by name instead of
+// silently dropping that dependence.
+OpNodePtr make_refusing_node(const char* name, const char* op, const char* hint,
+                             std::initializer_list<at::Tensor> edges);
+
+// The Autograd kernel of an internal backward op, differentiable once but not twice: refuses forward-mode
+// tangents, gives the outputs a refusing node (above) when an input requires grad, and returns `run()`, called
+// below autograd. create_graph=True still works where the result is not differentiated again.
+template <typename Run>
+auto call_differentiable_once(const char* node_name, const char* op, const char* hint,
+                              std::initializer_list<at::Tensor> inputs, Run&& run) {
+  refuse_forward_ad(op, inputs, hint);
+  OpNodePtr node;
+  if (c10::GradMode::is_enabled() &&
+      std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); })) {
+    node = make_refusing_node(node_name, op, hint, inputs);
+  }
+  auto out = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return run();
+  }();
+  if (node) {
+    if constexpr (std::is_same_v<decltype(out), at::Tensor>) {
+      record_outputs(node, {out});
+    } else {
+      std::apply([&](const auto&... t) { record_outputs(node, {t...}); }, out);
+    }
+  }
+  return out;
+}
 
 }  // namespace torchops

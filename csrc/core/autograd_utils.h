@@ -8,15 +8,41 @@
 #include <c10/core/GradMode.h>
 
 #include <initializer_list>
+#include <mutex>
+#include <optional>
 
 #include "checks.h"
 
 namespace torchops {
 
-// Typed handle to a registered myns op, looked up once.
+// Typed handle to a registered myns op.
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+// A myns op as a namespace-scope constant, `const OpRef<Sig> forward_op{"myns::_x_forward"};` called as
+// `forward_op().call(...)`: looked up once, at the first call, since the op may be registered after this object.
+template <typename Signature>
+class OpRef {
+ public:
+  explicit OpRef(const char* name) : name_(name) {}
+
+  const c10::TypedOperatorHandle<Signature>& operator()() const {
+    std::call_once(once_, [this] { handle_.emplace(find_op<Signature>(name_)); });
+    return *handle_;
+  }
+
+ private:
+  const char* name_;
+  mutable std::once_flag once_;
+  mutable std::optional<c10::TypedOperatorHandle<Signature>> handle_;
+};
+
+// An optional tensor argument and the undefined tensor, each as the other: absent is undefined.
+inline at::Tensor given_or_undefined(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+inline std::optional<at::Tensor> optional_of(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
 // Whether autograd must record this call: grad mode on and some input requiring grad.
@@ -33,6 +59,13 @@ constexpr uint64_t kForwardGradLevel = 0;
 template <typename... Tensors>
 bool has_forward_grad(const Tensors&... inputs) {
   return ((inputs.defined() && inputs._fw_grad(kForwardGradLevel).defined()) || ...);
+}
+
+// For an op without forward-mode AD: raises by name (the hint appended) when any tensor carries a tangent.
+inline void refuse_forward_ad(const char* op, std::initializer_list<at::Tensor> tensors, const char* hint = "") {
+  for (const at::Tensor& t : tensors) {
+    TORCHOPS_CHECK(!has_forward_grad(t), op, "forward-mode AD is not supported", hint);
+  }
 }
 
 // The tensor without its tangent (still tracked by backward-mode autograd).

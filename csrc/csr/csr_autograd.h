@@ -20,25 +20,11 @@ using TensorRef = const at::Tensor&;
 using OptRef = const std::optional<at::Tensor>&;
 using Transpose = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-inline std::optional<at::Tensor> optional(const at::Tensor& t) {
-  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-}
-
-inline const auto& spmm_reduce_op() {
-  static const auto op =
-      find_op<at::Tensor(TensorRef, TensorRef, OptRef, TensorRef, c10::string_view)>("myns::spmm_reduce");
-  return op;
-}
-
-inline const auto& sddmm_op() {
-  static const auto op = find_op<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, c10::string_view)>("myns::sddmm");
-  return op;
-}
-
-inline const auto& csr_transpose_op() {
-  static const auto op = find_op<Transpose(TensorRef, TensorRef, c10::SymInt)>("myns::_csr_transpose");
-  return op;
-}
+inline const OpRef<at::Tensor(TensorRef, TensorRef, OptRef, TensorRef, c10::string_view)>
+    spmm_reduce_op{"myns::spmm_reduce"};
+inline const OpRef<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, c10::string_view)>
+    sddmm_op{"myns::sddmm"};
+inline const OpRef<Transpose(TensorRef, TensorRef, c10::SymInt)> csr_transpose_op{"myns::_csr_transpose"};
 
 // A^T @ g for A = (crow, col, values) with K columns (values undefined: every value 1), summed per head like
 // spmm_reduce; through the given transpose, else one computed here.
