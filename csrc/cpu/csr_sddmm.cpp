@@ -51,6 +51,7 @@ inline T dot(const T* a, const T* b, int64_t n) {
 
 }  // namespace
 
+template <>
 at::Tensor CpuCsrBackend::sddmm(const char* op, const SddmmOperands& s, SddmmOp kind) {
   check_csr_structure_cpu(op, s.crow, s.col, s.K);
   const auto dtype = s.a.scalar_type();

@@ -82,10 +82,12 @@ at::Tensor softmax_cpu(const char* op, const at::Tensor& crow_in, const at::Tens
 
 }  // namespace
 
+template <>
 at::Tensor CpuCsrBackend::softmax(const char* op, const at::Tensor& crow, const at::Tensor& values) {
   return softmax_cpu(op, crow, values, at::Tensor());
 }
 
+template <>
 at::Tensor CpuCsrBackend::softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,
                                            const at::Tensor& values) {
   return softmax_cpu(op, crow, values, grad_out);

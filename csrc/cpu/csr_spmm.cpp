@@ -318,10 +318,12 @@ SpmmArgs<T, Index> spmm_args(const SpmmOperands& s) {
 
 }  // namespace
 
+template <>
 at::Tensor CpuCsrBackend::empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& /*device_of*/) {
   return empty_dense_cpu(sizes, dtype);
 }
 
+template <>
 at::Tensor CpuCsrBackend::spmm(const char* op, const SpmmOperands& s, Reduce reduce, at::Tensor* arg) {
   check_csr_structure_cpu(op, s.crow, s.col, s.K);
   const auto dtype = s.dense.scalar_type();
@@ -341,6 +343,7 @@ at::Tensor CpuCsrBackend::spmm(const char* op, const SpmmOperands& s, Reduce red
   return out;
 }
 
+template <>
 std::tuple<at::Tensor, at::Tensor> CpuCsrBackend::select_backward(const char* op, const at::Tensor& grad_out,
                                                                   const SpmmOperands& s, const at::Tensor& arg_in,
                                                                   const OptTensor& /*t_crow*/,
@@ -378,6 +381,7 @@ std::tuple<at::Tensor, at::Tensor> CpuCsrBackend::select_backward(const char* op
   return {grad_values, grad_dense};
 }
 
+template <>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> CpuCsrBackend::transpose(const char* op, const at::Tensor& crow_in,
                                                                         const at::Tensor& col_in, int64_t K) {
   const at::Tensor crow = crow_in.contiguous(), col = col_in.contiguous();

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/string_view.h>
 #include <torch/library.h>
 
@@ -148,20 +149,35 @@ void check_csr_softmax_backward_args(const char* op, const at::Tensor& crow, con
 
 // ----------------------------------------------------------------------------------------- the kernels
 
-// Every sparse op's kernel on a backend: the checks, the operands, then the backend's engines:
-//   static at::Tensor spmm(const char* op, const SpmmOperands&, Reduce, at::Tensor* arg)
-//       out (M x H x D); for max and min, *arg (when arg is not null) receives the selected positions
-//       (-1 for an empty row), shaped like out, of the indices' dtype;
-//   static std::tuple<at::Tensor, at::Tensor> select_backward(const char* op, const at::Tensor& grad_out,
-//       const SpmmOperands&, const at::Tensor& arg, t_crow, t_col, t_perm (optional), values_grad, dense_grad)
-//       the gradients of a max/min (undefined where not asked for);
-//   static at::Tensor sddmm(const char* op, const SddmmOperands&, SddmmOp)      out (nnz x H);
-//   static at::Tensor softmax(const char* op, const at::Tensor& crow, const at::Tensor& values);
-//   static at::Tensor softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,
-//       const at::Tensor& values)   (the softmax recomputed from values);
-//   static std::tuple<at::Tensor, at::Tensor, at::Tensor> transpose(const char* op, crow, col, int64_t K);
-//   static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& device_of).
-// The CPU backend validates the structure it reads; the CUDA one stays in bounds on any indices.
+// A backend's engines, one declaration for both devices: CsrBackend<c10::DeviceType::CPU> (csr_cpu.h) and
+// CsrBackend<c10::DeviceType::CUDA> (csr_cuda.cuh) each define them in their own files. The CPU backend
+// validates the structure it reads; the CUDA one stays in bounds on any indices.
+template <c10::DeviceType Device>
+struct CsrBackend {
+  // out (M x H x D); for max and min, *arg (when arg is not null) receives the selected positions (-1 for an
+  // empty row), shaped like out, of the indices' dtype.
+  static at::Tensor spmm(const char* op, const SpmmOperands& s, Reduce reduce, at::Tensor* arg);
+  // The gradients of a max / min (undefined where not asked for).
+  static std::tuple<at::Tensor, at::Tensor> select_backward(const char* op, const at::Tensor& grad_out,
+                                                            const SpmmOperands& s, const at::Tensor& arg,
+                                                            const OptTensor& t_crow, const OptTensor& t_col,
+                                                            const OptTensor& t_perm, bool values_grad,
+                                                            bool dense_grad);
+  // out (nnz x H).
+  static at::Tensor sddmm(const char* op, const SddmmOperands& s, SddmmOp kind);
+  // CUDA only: grad_values[p, h] = sum over d of g[i, h, d] * b[col[p], h, d] where sel[i, h, d] == p, the
+  // values gradient of a max / min (sel its arg), (nnz, H), in the accumulation dtype (f32 for 16-bit).
+  static at::Tensor masked_sddmm(const SddmmOperands& s, const at::Tensor& sel);
+  static at::Tensor softmax(const char* op, const at::Tensor& crow, const at::Tensor& values);
+  // The softmax recomputed from values.
+  static at::Tensor softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,
+                                     const at::Tensor& values);
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> transpose(const char* op, const at::Tensor& crow,
+                                                                   const at::Tensor& col, int64_t K);
+  static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& device_of);
+};
+
+// Every sparse op's kernel on a backend (a CsrBackend): the checks, the operands, then the backend's engines.
 template <typename Backend>
 struct CsrKernels {
   static at::Tensor csr_spmm(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& values,

@@ -16,21 +16,7 @@
 
 namespace torchops {
 
-struct CpuCsrBackend {
-  static at::Tensor spmm(const char* op, const SpmmOperands& s, Reduce reduce, at::Tensor* arg);
-  static std::tuple<at::Tensor, at::Tensor> select_backward(const char* op, const at::Tensor& grad_out,
-                                                            const SpmmOperands& s, const at::Tensor& arg,
-                                                            const OptTensor& t_crow, const OptTensor& t_col,
-                                                            const OptTensor& t_perm, bool values_grad,
-                                                            bool dense_grad);
-  static at::Tensor sddmm(const char* op, const SddmmOperands& s, SddmmOp kind);
-  static at::Tensor softmax(const char* op, const at::Tensor& crow, const at::Tensor& values);
-  static at::Tensor softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,
-                                     const at::Tensor& values);
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> transpose(const char* op, const at::Tensor& crow,
-                                                                   const at::Tensor& col, int64_t K);
-  static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& device_of);
-};
+using CpuCsrBackend = CsrBackend<c10::DeviceType::CPU>;
 
 namespace cpu {
 

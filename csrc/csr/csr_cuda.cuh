@@ -29,24 +29,7 @@ namespace torchops {
 // The CUDA backend of the sparse ops: spmm and its max/min backward in cuda/csr_spmm.cu, sddmm and the
 // transpose in cuda/csr_spmm_backward.cu, softmax in cuda/csr_softmax.cu (registered in csr_spmm.cu). No
 // engine reads the indices on the host (no synchronisation); each stays in bounds on malformed ones.
-struct CudaCsrBackend {
-  static at::Tensor spmm(const char* op, const SpmmOperands& s, Reduce reduce, at::Tensor* arg);
-  static std::tuple<at::Tensor, at::Tensor> select_backward(const char* op, const at::Tensor& grad_out,
-                                                            const SpmmOperands& s, const at::Tensor& arg,
-                                                            const OptTensor& t_crow, const OptTensor& t_col,
-                                                            const OptTensor& t_perm, bool values_grad,
-                                                            bool dense_grad);
-  static at::Tensor sddmm(const char* op, const SddmmOperands& s, SddmmOp kind);
-  // grad_values[p, h] = sum over d of g[i, h, d] * b[col[p], h, d] where sel[i, h, d] == p: the values
-  // gradient of a max / min (sel its arg), (nnz, H), in the accumulation dtype (f32 for 16-bit: not rounded).
-  static at::Tensor masked_sddmm(const SddmmOperands& s, const at::Tensor& sel);
-  static at::Tensor softmax(const char* op, const at::Tensor& crow, const at::Tensor& values);
-  static at::Tensor softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,
-                                     const at::Tensor& values);
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> transpose(const char* op, const at::Tensor& crow,
-                                                                   const at::Tensor& col, int64_t K);
-  static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& device_of);
-};
+using CudaCsrBackend = CsrBackend<c10::DeviceType::CUDA>;
 
 namespace cuda {
 

@@ -262,10 +262,12 @@ at::Tensor softmax_into(const at::Tensor& crow_in, const at::Tensor& values_in, 
 
 }  // namespace
 
+template <>
 at::Tensor CudaCsrBackend::softmax(const char* /*op*/, const at::Tensor& crow, const at::Tensor& values) {
   return softmax_into(crow, values, at::Tensor());
 }
 
+template <>
 at::Tensor CudaCsrBackend::softmax_backward(const char* /*op*/, const at::Tensor& crow, const at::Tensor& grad_out,
                                             const at::Tensor& values) {
   return softmax_into(crow, values, grad_out);

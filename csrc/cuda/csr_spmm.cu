@@ -462,10 +462,12 @@ SpmmArgs<T, Index> spmm_args(const SpmmOperands& s) {
 
 }  // namespace
 
+template <>
 at::Tensor CudaCsrBackend::empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& device_of) {
   return empty_dense_cuda(sizes, dtype, device_of.device());
 }
 
+template <>
 at::Tensor CudaCsrBackend::spmm(const char* /*op*/, const SpmmOperands& s, Reduce reduce, at::Tensor* arg) {
   const c10::cuda::CUDAGuard device_guard(s.dense.device());
   const auto dtype = s.dense.scalar_type();
@@ -497,6 +499,7 @@ at::Tensor CudaCsrBackend::spmm(const char* /*op*/, const SpmmOperands& s, Reduc
 //   values: a masked SDDMM of grad_out with dense (summed over the heads for one value per nonzero);
 //   dense:  a masked sum over A^T: row k of the gradient gathers grad_out's rows i of A's column k, each
 //           nonzero (i, k) at position p weighted w(p, h) where arg[i, h, d] == p.
+template <>
 std::tuple<at::Tensor, at::Tensor> CudaCsrBackend::select_backward(const char* /*op*/, const at::Tensor& grad_out,
                                                                    const SpmmOperands& s, const at::Tensor& arg_in,
                                                                    const OptTensor& t_crow_in,

@@ -261,10 +261,12 @@ at::Tensor sddmm_into(const SddmmOperands& o, SddmmOp kind, const at::Tensor& se
 
 }  // namespace
 
+template <>
 at::Tensor CudaCsrBackend::sddmm(const char* /*op*/, const SddmmOperands& s, SddmmOp kind) {
   return sddmm_into(s, kind, at::Tensor()).view(s.out_sizes);
 }
 
+template <>
 at::Tensor CudaCsrBackend::masked_sddmm(const SddmmOperands& s, const at::Tensor& sel) {
   return sddmm_into(s, SddmmOp::kDot, sel.contiguous(), /*opmath=*/true);
 }
@@ -334,6 +336,7 @@ void transpose_into(const at::Tensor& crow, const at::Tensor& col, int64_t K, co
 
 }  // namespace
 
+template <>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> CudaCsrBackend::transpose(const char* /*op*/, const at::Tensor& crow_in,
                                                                          const at::Tensor& col_in, int64_t K) {
   const c10::cuda::CUDAGuard device_guard(crow_in.device());
