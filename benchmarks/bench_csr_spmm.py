@@ -108,7 +108,7 @@ def torch_spmm_supports(dtype: torch.dtype, device: str) -> bool:
 def check_forward(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     """A benchmark of a wrong kernel is worthless: compare with a reference (f32 or better), relative to its
     scale, with a tolerance for `ours`' dtype."""
-    scale = float(ref.abs().max()) if ref.numel() else 1.0
+    scale = float(ref.detach().abs().max()) if ref.numel() else 1.0
     rtol = 1e-3 if ours.dtype in (torch.float32, torch.float64) else 3e-2
     torch.testing.assert_close(ours.float(), ref.float(), rtol=rtol, atol=rtol * scale, msg=lambda m: f"{what}: {m}")
 
