@@ -568,13 +568,13 @@ def test_cuda_results_are_deterministic() -> None:
 
 
 _CUDA_MALFORMED = [  # crow, col, K: indices the CUDA kernels never validate
-    ([0, 2, 3], [0, 7, 1], 3),
-    ([0, 2, 3], [0, -5, 1], 3),
-    ([0, 3, 1, 3], [0, 2, 1], 3),
-    ([0, 2, 9], [0, 2, 1], 3),
-    ([-4, 2, 3], [0, 2, 1], 3),
-    ([0, 2**31 - 1, 3], [0, 2, 1], 3),
-    ([5, 1, 0], [0, 2, 1], 3),
+    ([0, 2, 3], [0, 7, 1], 3),              # col >= K
+    ([0, 2, 3], [0, -5, 1], 3),             # negative col
+    ([0, 3, 1, 3], [0, 2, 1], 3),           # crow decreasing
+    ([0, 2, 9], [0, 2, 1], 3),              # crow[M] > nnz
+    ([-4, 2, 3], [0, 2, 1], 3),             # crow[0] < 0
+    ([0, 2**31 - 1, 3], [0, 2, 1], 3),      # huge offset
+    ([5, 1, 0], [0, 2, 1], 3),              # everything backwards
 ]
 
 
@@ -582,6 +582,7 @@ _CUDA_MALFORMED = [  # crow, col, K: indices the CUDA kernels never validate
 @pytest.mark.parametrize("index_dtype", INT_DTYPES)
 @pytest.mark.parametrize("crow,col,k", _CUDA_MALFORMED)
 def test_cuda_malformed_indices_do_not_crash(index_dtype, crow, col, k) -> None:
+    # every sparse op (csr_spmm included) on indices no CUDA kernel validates: any result, but no fault
     crow = torch.tensor(crow, dtype=index_dtype, device="cuda")
     col = torch.tensor(col, dtype=index_dtype, device="cuda")
     m = crow.numel() - 1
@@ -595,6 +596,8 @@ def test_cuda_malformed_indices_do_not_crash(index_dtype, crow, col, k) -> None:
         torchops.sddmm(crow, col, torch.randn(m, 2, device="cuda"), dense[..., 0], "add")
         torchops.csr_softmax(crow, values.detach()).sum()
         torch.ops.myns._csr_softmax_backward(crow, values.detach(), values.detach())
+        torchops.csr_spmm(crow, col, values.detach()[:, 0].contiguous(), dense[:, 0].contiguous())
+    torch.ops.myns._csr_transpose(crow, col, k)
     torch.cuda.synchronize()  # a device-side fault would surface here
     x = torch.randn(1000, device="cuda")
     torch.testing.assert_close(torchops.vector_add(x, x).cpu(), 2 * x.cpu())  # the context still works

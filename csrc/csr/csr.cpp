@@ -184,11 +184,7 @@ void check_spmm_reduce_args(const char* op, const at::Tensor& crow, const at::Te
 SpmmOperands spmm_operands(const at::Tensor& crow, const at::Tensor& col, const OptTensor& values,
                            const at::Tensor& dense) {
   SpmmOperands s;
-  s.crow = crow.contiguous();
-  s.col = col.contiguous();
-  s.M = crow.numel() - 1;
-  s.nnz = col.numel();
-  s.K = dense.size(0);
+  s.set_matrix(crow, col, dense.size(0));
   const bool heads = dense.dim() == 3;
   s.H = heads ? dense.size(1) : 1;
   s.D = dense.size(-1);
@@ -263,11 +259,7 @@ void check_sddmm_args(const char* op, const at::Tensor& crow, const at::Tensor& 
 SddmmOperands sddmm_operands(const at::Tensor& crow, const at::Tensor& col, const at::Tensor& a, const at::Tensor& b,
                              SddmmOp kind) {
   SddmmOperands s;
-  s.crow = crow.contiguous();
-  s.col = col.contiguous();
-  s.M = crow.numel() - 1;
-  s.nnz = col.numel();
-  s.K = b.size(0);
+  s.set_matrix(crow, col, b.size(0));
   // Every operand as rows x heads x D: add and mul have D = 1, no heads means H = 1.
   const bool dot = kind == SddmmOp::kDot;
   const bool heads = a.dim() == (dot ? 3 : 2);

@@ -84,16 +84,30 @@ Reduce parse_reduce(const char* op, c10::string_view reduce);
 
 inline bool selects(Reduce r) { return r == Reduce::kMax || r == Reduce::kMin; }
 
+// What a sparse product's operands share: the indices of A (M x K with nnz nonzeros), contiguous, and the heads x
+// features of each nonzero's terms. set_matrix fills the first part from arguments already checked.
+struct CsrProduct {
+  at::Tensor crow, col;
+  int64_t M = 0, K = 0, H = 1, D = 0, nnz = 0;
+  std::vector<int64_t> out_sizes;
+
+  void set_matrix(const at::Tensor& crow_indices, const at::Tensor& col_indices, int64_t columns) {
+    crow = crow_indices.contiguous();
+    col = col_indices.contiguous();
+    M = crow.numel() - 1;
+    nnz = col.numel();
+    K = columns;
+  }
+};
+
 // The operands of spmm_reduce as the kernels read them: A is M x K with nnz nonzeros, dense K x H x D (H = 1
 // for a 2-D dense), out M x H x D contiguous (the op's result is (M, D) for a 2-D dense). The weight of
 // nonzero p in head h is values[p * value_stride + h * value_head_stride], or 1 without values; dense[k, h, d]
 // is at dense_row_stride * k + dense_head_stride * h + d.
-struct SpmmOperands {
-  at::Tensor crow, col, values, dense;  // indices and values contiguous (values undefined: all ones)
-  int64_t M = 0, K = 0, H = 1, D = 0, nnz = 0;
+struct SpmmOperands : CsrProduct {
+  at::Tensor values, dense;  // values contiguous (undefined: all ones)
   int64_t value_stride = 1, value_head_stride = 0;
   int64_t dense_row_stride = 0, dense_head_stride = 0;
-  std::vector<int64_t> out_sizes;
 };
 
 // spmm_reduce's arguments: the indices (on dense's device), dense 2-D (K, D) or 3-D (K, H, D), values None,
@@ -123,11 +137,9 @@ SddmmOp parse_sddmm_op(const char* op, c10::string_view name);
 
 // The operands of sddmm as the kernels read them: a M x H x D, b K x H x D (D = 1 for add and mul), each with
 // a unit stride along D (or D = 1); out nnz x H contiguous (the op's result is (nnz,) without heads).
-struct SddmmOperands {
-  at::Tensor crow, col, a, b;  // indices contiguous
-  int64_t M = 0, K = 0, H = 1, D = 1, nnz = 0;
+struct SddmmOperands : CsrProduct {
+  at::Tensor a, b;
   int64_t a_row_stride = 0, a_head_stride = 0, b_row_stride = 0, b_head_stride = 0;
-  std::vector<int64_t> out_sizes;
 };
 
 // sddmm's arguments: the indices (on a's device), a and b of one float dtype; dot: a (M, D) and b (K, D), or

@@ -516,13 +516,7 @@ std::tuple<at::Tensor, at::Tensor> CudaCsrBackend::select_backward(const char* /
   at::Tensor grad_values, grad_dense;
   if (values_grad) {
     SddmmOperands m;
-    m.crow = s.crow;
-    m.col = s.col;
-    m.M = s.M;
-    m.K = s.K;
-    m.H = s.H;
-    m.D = s.D;
-    m.nnz = s.nnz;
+    static_cast<CsrProduct&>(m) = s;  // the same matrix, heads and features
     m.a = g;
     m.a_row_stride = s.M <= 1 ? s.H * s.D : g.stride(0);
     m.a_head_stride = s.D;
