@@ -266,7 +266,6 @@ def summary(results: Sequence[H.Result], args: argparse.Namespace, ctx: H.Contex
 
 BENCH = H.Bench(
     op=OP,
-    description=__doc__.splitlines()[0],
     run=run,
     default_dtypes=("f32", "bf16"),
     add_arguments=add_arguments,

@@ -225,7 +225,6 @@ def make_bench(ops: Sequence[str]) -> H.Bench:
         op=specs[0].op,
         more_ops=tuple(spec.op for spec in specs[1:]),
         name="gated",
-        description=__doc__.splitlines()[0],
         run=run,
         largest_operand=lambda args: (max(t * h for spec in specs for t, h in shapes(spec, args.device, args.quick, args.shapes))
                                       * max(d.itemsize for d in args.dtypes)),

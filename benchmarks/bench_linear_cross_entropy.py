@@ -288,7 +288,6 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 BENCH = H.Bench(
     op="linear_cross_entropy",
     more_ops=("cross_entropy",),
-    description=__doc__.split("\n\n")[0],
     run=run,
     default_dtypes=("bf16",),
     add_arguments=add_arguments,

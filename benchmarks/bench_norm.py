@@ -249,7 +249,6 @@ BENCH = H.Bench(
     op=OP_NAMES[0],
     more_ops=OP_NAMES[1:],
     name="norm",
-    description=__doc__.splitlines()[0],
     run=run,
     largest_operand=lambda args: (max(m * n for m, n in shapes(args.device, args.quick, args.shapes))
                                   * max(d.itemsize for d in args.dtypes)),

@@ -290,7 +290,6 @@ BENCH = H.Bench(
     op=OP_NAMES[0],
     more_ops=OP_NAMES[1:],
     name="rotary_embedding",
-    description=__doc__.splitlines()[0],
     run=run,
     largest_operand=lambda args: max(_nbytes(c, d) for c in cases(args.device, args.quick, args.ops)
                                      for d in args.dtypes) // 2,

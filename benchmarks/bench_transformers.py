@@ -259,7 +259,6 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 BENCH = H.Bench(
     op=OP,
-    description=__doc__.split("\n\n")[0],
     run=run_and_judge,
     default_dtypes=("bf16",),
     add_arguments=add_arguments,

@@ -138,7 +138,6 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
 
 BENCH = H.Bench(
     op=OP,
-    description=__doc__.splitlines()[0],
     run=run,
     largest_operand=lambda args: max(sizes(args.device, args.quick)) * max(d.itemsize for d in args.dtypes),
     summarize=lambda results, args, ctx: summarize(results, args.device, ctx.copy_bps),

@@ -723,8 +723,8 @@ class Bench:
     """
 
     op: str
-    description: str
     run: Callable[[argparse.Namespace, Context], Iterable[Result]]
+    description: str = ""  # --help's text; default: the first paragraph of the module that defines run
     largest_operand: Callable[[argparse.Namespace], int] = lambda args: 0
     default_dtypes: Sequence[str] = ("f32", "bf16", "f16")
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
@@ -764,7 +764,8 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
     measured before it are kept), 2 when torchops is not built.
     """
     name = bench.name or bench.op
-    parser = make_parser(bench.description, bench.default_dtypes)
+    description = bench.description or (sys.modules[bench.run.__module__].__doc__ or "").split("\n\n")[0]
+    parser = make_parser(description, bench.default_dtypes)
     parser.add_argument("--no-bars", action="store_true", help="measure only; do not check benchmarks/bars.py")
     if bench.more_ops:
         parser.add_argument("--ops", default=",".join(bench.ops),
