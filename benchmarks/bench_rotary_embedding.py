@@ -145,7 +145,7 @@ def _check_close(name: str, got: Sequence[torch.Tensor], want: Sequence[torch.Te
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         w = w.detach().double()
         scale = max(1.0, w.abs().max().item()) if w.dim() == 1 or scaled else 1.0
-        rtol, atol = (4 * tol, 4 * tol * scale) if w.dim() == 1 else (tol, tol)
+        rtol, atol = (4 * tol, 4 * tol * scale) if w.dim() == 1 else (tol, tol * scale)
         torch.testing.assert_close(g.detach().double(), w, rtol=rtol, atol=atol, msg=lambda m: f"{name} output {i}: {m}")
 
 

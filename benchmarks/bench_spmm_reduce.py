@@ -21,7 +21,7 @@ the bars that name it report NO DATA). torch_geometric is imported only when ins
 report NO DATA otherwise, with the import error). A memory check that fails, like a wrong result, fails the
 run. Peak memory beyond inputs and outputs allowed to torchops' fwd+bwd: M x N in the dtype and M x N indices
 (max/min's selected positions) plus 64 bytes per nonzero (the transpose, weights in its order, per-edge
-gradients) and 64 MiB of scratch, always far below one nnz x N tensor.
+gradients) and 64 H.MiB of scratch, always far below one nnz x N tensor.
 
     python -m benchmarks.bench_spmm_reduce [--device cuda|cpu] [--quick] [--dtypes f32,bf16] [--graphs ...]
                                            [--ops spmm_reduce,sddmm,csr_softmax,gat_layer]
@@ -38,8 +38,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from benchmarks import harness as H
-from benchmarks.bench_csr_spmm import (CPU_GRAPHS, GPU_GRAPHS, QUICK_GRAPHS, GraphSpec, check_forward, make_graph,
-                                       torch_spmm_supports)
+from benchmarks.bench_csr_spmm import GraphSpec, check_forward, make_graph, reference_product, torch_spmm_supports
+from benchmarks.bench_csr_spmm import graphs as csr_graphs
 
 OP, OPS = "spmm_reduce", ("spmm_reduce", "sddmm", "csr_softmax", "gat_layer")
 IMPL = "torchops"
@@ -50,15 +50,12 @@ PYG_SOFTMAX = "torch_geometric.utils.softmax"
 PYG_GAT = "torch_geometric.nn.GATConv"
 TORCH_REDUCE = {"sum": "sum", "mean": "mean", "max": "amax", "min": "amin"}
 HEADS, HEAD_FEATURES, GAT_IN = 8, 64, 128
-MiB = 1 << 20
 
 
 def graphs(device: str, quick: bool, only: str = "") -> list[GraphSpec]:
     """The csr_spmm bench's graphs: on the GPU its three power-law ones (the bars name them)."""
-    specs = QUICK_GRAPHS if quick else [g for g in GPU_GRAPHS if g.in_forward_summary and g.max_degree] \
-        if device == "cuda" else CPU_GRAPHS
-    names = {n.strip() for n in only.split(",") if n.strip()}
-    return [s for s in specs if not names or s.name in names]
+    return [s for s in csr_graphs(device, quick, only)
+            if device != "cuda" or quick or (s.in_forward_summary and s.max_degree)]
 
 
 def widths(device: str, quick: bool) -> list[int]:
@@ -174,9 +171,8 @@ def bench_spmm_reduce(args, ctx: H.Context, g: Graph, dtype: torch.dtype) -> Ite
         # Forward: against torch's sparse CSR product (cuSPARSE) for sum; on the CPU against every reduce
         # torch.sparse.mm has.
         for reduce in ("sum",) if dev == "cuda" else ("sum", "mean", "max", "min"):
-            wide = torch.promote_types(dtype, torch.float32)
-            reference = scatter_path(g, values.to(wide), dense.to(wide), reduce) if dev != "cuda" else \
-                torch.sparse_csr_tensor(g.crow, g.col, values.to(wide), (g.m, g.m)) @ dense.to(wide)
+            reference = reference_product(g.crow, g.col, values, dense) if dev == "cuda" else \
+                scatter_path(g, values.float(), dense.float(), reduce)
             check_forward(torchops.spmm_reduce(g.crow, g.col, values, dense, reduce), reference,
                           f"{g.spec.name} {reduce} N={n}")
             del reference
@@ -198,7 +194,7 @@ def bench_spmm_reduce(args, ctx: H.Context, g: Graph, dtype: torch.dtype) -> Ite
 
 def allowed_extra_bytes(g: Graph, n: int, dtype: torch.dtype) -> int:
     """What torchops' fwd+bwd may hold beyond inputs and outputs (see the module docstring)."""
-    return g.m * n * (dtype.itemsize + g.crow.element_size()) + 64 * g.nnz + 64 * MiB
+    return g.m * n * (dtype.itemsize + g.crow.element_size()) + 64 * g.nnz + 64 * H.MiB
 
 
 def bench_reduce_fwd_bwd(args, ctx: H.Context, g: Graph, values: torch.Tensor, dense: torch.Tensor) -> Iterator[H.Result]:
@@ -224,11 +220,11 @@ def bench_reduce_fwd_bwd(args, ctx: H.Context, g: Graph, values: torch.Tensor, d
             del want
         extra = peak_extra_bytes(ours, dev) - (g.nnz + g.m * n) * dtype.itemsize  # less the gradients
         if extra > allowed_extra_bytes(g, n, dtype):
-            ctx.fail(f"{g.spec.name} {reduce} N={n} {H.DTYPE_NAMES[dtype]}: torchops' fwd+bwd held {extra / MiB:.0f} "
-                     f"MiB beyond inputs and outputs, over {allowed_extra_bytes(g, n, dtype) / MiB:.0f} MiB")
+            ctx.fail(f"{g.spec.name} {reduce} N={n} {H.DTYPE_NAMES[dtype]}: torchops' fwd+bwd held {extra / H.MiB:.0f} "
+                     f"H.MiB beyond inputs and outputs, over {allowed_extra_bytes(g, n, dtype) / H.MiB:.0f} H.MiB")
         times = H.time_all_ms({SCATTER: theirs, IMPL: ours}, dev, quick=args.quick)
         yield from result_rows(OP, f"{g.spec.name} {reduce} fwd+bwd", dtype, f"N={n}", g.nnz * n, dev, SCATTER, times,
-                               {IMPL: {"peak_extra_mib": extra / MiB}})
+                               {IMPL: {"peak_extra_mib": extra / H.MiB}})
         del v, d
         H.free_memory(dev)
 
@@ -319,12 +315,12 @@ def bench_gat(args, ctx: H.Context, g: Graph, dtype: torch.dtype, pyg: Any, why:
             check_forward(a, b.view(a.shape), f"{g.spec.name} GAT gradients")
     mem_ours, mem_pyg = peak_extra_bytes(fn_ours, dev), peak_extra_bytes(fn_pyg, dev)
     if dev == "cuda" and mem_ours > 0.5 * mem_pyg:
-        ctx.fail(f"{g.spec.name} GAT {H.DTYPE_NAMES[dtype]}: torchops' peak {mem_ours / MiB:.0f} MiB is over half of "
-                 f"GATConv's {mem_pyg / MiB:.0f} MiB")
+        ctx.fail(f"{g.spec.name} GAT {H.DTYPE_NAMES[dtype]}: torchops' peak {mem_ours / H.MiB:.0f} H.MiB is over half of "
+                 f"GATConv's {mem_pyg / H.MiB:.0f} H.MiB")
     times = H.time_all_ms({PYG_GAT: fn_pyg, IMPL: fn_ours}, dev, quick=args.quick)
     yield from result_rows("gat_layer", f"{g.spec.name} gat fwd+bwd", dtype, f"{GAT_IN}->{HEADS}x{HEAD_FEATURES}",
                            g.nnz * HEADS * HEAD_FEATURES, dev, PYG_GAT, times,
-                           {IMPL: {"peak_mib": mem_ours / MiB}, PYG_GAT: {"peak_mib": mem_pyg / MiB}})
+                           {IMPL: {"peak_mib": mem_ours / H.MiB}, PYG_GAT: {"peak_mib": mem_pyg / H.MiB}})
 
 
 # ------------------------------------------------------------------------------------------------ bench

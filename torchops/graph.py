@@ -42,7 +42,7 @@ def to_csr(edge_index: Tensor, num_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
         raise RuntimeError(f"torchops.graph.to_csr: num_nodes must be non-negative, got {num_nodes}")
     source, target = edge_index[0].long(), edge_index[1].long()
     if edge_index.size(1):
-        low, high = int(edge_index.min()), int(edge_index.max())
+        low, high = torch.stack(torch.aminmax(edge_index)).tolist()  # one pass, one sync
         if low < 0 or high >= num_nodes:
             bad = low if low < 0 else high
             raise RuntimeError(f"torchops.graph.to_csr: edge_index must lie in [0, num_nodes) with num_nodes = "
