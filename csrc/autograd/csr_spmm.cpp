@@ -68,7 +68,7 @@ at::Tensor per_row_mean(const at::Tensor& crow, const at::Tensor& g) {
   std::vector<int64_t> shape(g.dim(), 1);
   shape[0] = M;
   const auto wide = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  return (g.to(wide) / lengths.to(wide).view(shape)).to(g.scalar_type());
+  return (g / lengths.to(wide).view(shape)).to(g.scalar_type());  // the division in `wide` by promotion
 }
 
 // Saved: crow, col, values, dense, arg, t_crow, t_col, t_perm (values, arg and the transpose may be undefined).

@@ -26,14 +26,12 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
-#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/dynamo/compiled_autograd.h>
 #include <torch/version.h>
 
-#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -144,10 +142,7 @@ auto call_differentiable_once(const char* node_name, const char* op, const char*
                               std::initializer_list<at::Tensor> inputs, Run&& run) {
   refuse_forward_ad(op, inputs, hint);
   OpNodePtr node;
-  if (c10::GradMode::is_enabled() &&
-      std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); })) {
-    node = make_refusing_node(node_name, op, hint, inputs);
-  }
+  if (needs_grad(inputs)) node = make_refusing_node(node_name, op, hint, inputs);
   auto out = [&] {
     at::AutoDispatchBelowADInplaceOrView guard;
     return run();

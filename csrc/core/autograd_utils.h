@@ -50,6 +50,13 @@ template <typename... Tensors>
 bool needs_grad(const Tensors&... inputs) {
   return c10::GradMode::is_enabled() && ((inputs.defined() && inputs.requires_grad()) || ...);
 }
+inline bool needs_grad(std::initializer_list<at::Tensor> inputs) {
+  if (!c10::GradMode::is_enabled()) return false;
+  for (const at::Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
 
 // Forward-mode AD keeps tangents at level 0, as PyTorch's generated kernels read them: torch.autograd.forward_ad
 // and torch.func.jvp alike (nested jvp/jacfwd nest through functorch's per-level tensor wrappers, each

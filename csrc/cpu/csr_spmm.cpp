@@ -356,8 +356,8 @@ std::tuple<at::Tensor, at::Tensor> CpuCsrBackend::select_backward(const char* op
   const auto acc_dtype = is_16bit_float_dtype(dtype) ? at::kFloat : dtype;
   const int64_t value_heads = s.values.defined() && s.values.dim() == 2 ? s.H : 1;
   at::Tensor gv, gd;
-  if (values_grad) gv = at::detail::empty_cpu({s.nnz * value_heads}, acc_dtype, false, at::MemoryFormat::Contiguous).zero_();
-  if (dense_grad) gd = at::detail::empty_cpu({s.K * s.H * s.D}, acc_dtype, false, at::MemoryFormat::Contiguous).zero_();
+  if (values_grad) gv = empty_dense_cpu({s.nnz * value_heads}, acc_dtype).zero_();
+  if (dense_grad) gd = empty_dense_cpu({s.K * s.H * s.D}, acc_dtype).zero_();
   const at::Tensor g = grad_out.contiguous(), arg = arg_in.contiguous();
   if (s.M > 0 && s.H * s.D > 0) {
     TORCHOPS_DISPATCH_INDEX_TYPES(s.crow.scalar_type(), "spmm_reduce_backward_cpu", [&] {

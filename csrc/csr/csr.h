@@ -68,11 +68,6 @@ void check_crow_structure_cpu(const char* op, const at::Tensor& crow, int64_t nn
 // copy. The kernels read a matrix through one row stride.
 at::Tensor with_unit_column_stride(const at::Tensor& t);
 
-// Leading stride of a matrix whose columns are dense; 0 is valid (every row the same), rows = 1 has any.
-inline int64_t row_stride(const at::Tensor& t) {
-  return t.size(0) <= 1 ? t.size(1) : t.stride(0);
-}
-
 // ------------------------------------------------------------------------------------------------ spmm
 
 // The reductions of spmm_reduce. Max and min select one nonzero per output element: the first of the row

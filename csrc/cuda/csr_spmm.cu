@@ -538,9 +538,7 @@ std::tuple<at::Tensor, at::Tensor> CudaCsrBackend::select_backward(const char* /
     } else {
       std::tie(t_crow, t_col, t_perm) = transpose("_spmm_reduce_backward", s.crow, s.col, s.K);
     }
-    const std::vector<int64_t> sizes = s.dense.dim() == 3 ? std::vector<int64_t>{s.K, s.H, s.D}
-                                                          : std::vector<int64_t>{s.K, s.D};
-    grad_dense = empty_dense_cuda(sizes, grad_out.scalar_type(), grad_out.device());
+    grad_dense = empty_dense_cuda(s.dense.sizes(), grad_out.scalar_type(), grad_out.device());
     if (grad_dense.numel() > 0) {
       // Each nonzero's weight in A^T's order; its tag, the position it has in A, is t_perm.
       const at::Tensor weights = !s.values.defined() ? at::Tensor()
