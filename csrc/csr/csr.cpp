@@ -293,8 +293,15 @@ void check_csr_softmax_args(const char* op, const at::Tensor& crow, const at::Te
 
 void check_csr_softmax_backward_args(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,
                                      const at::Tensor& values) {
-  check_csr_softmax_args(op, crow, values);
-  check_like(op, {"values", values}, {"grad_out", grad_out});
+  const NamedTensor g{"grad_out", grad_out}, o{"values", values};
+  check_defined(op, o);
+  check_crow_indices(op, {"crow_indices", crow}, o);
+  check_defined(op, g);
+  check_same_device(op, o, g);
+  check_dims(op, o, 1, 2, "1-D (nnz) or 2-D (nnz, H)");
+  check_dtype_in(op, o, {TORCHOPS_FLOAT_DTYPES});
+  check_same_dtype(op, g, o);
+  check_same_shape(op, g, o);
 }
 
 
