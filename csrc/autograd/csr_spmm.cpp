@@ -47,20 +47,6 @@ const OpRef<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, TensorRef, 
                                                OptRef, OptRef, bool, bool)>
     spmm_reduce_backward_op{"myns::_spmm_reduce_backward"};
 
-const char* reduce_name(Reduce r) {
-  switch (r) {
-    case Reduce::kSum:
-      return "sum";
-    case Reduce::kMean:
-      return "mean";
-    case Reduce::kMax:
-      return "max";
-    case Reduce::kMin:
-      return "min";
-  }
-  return "sum";
-}
-
 // grad_out divided by each row's length (at least 1), in grad_out's dtype (the division in f32 at least).
 at::Tensor per_row_mean(const at::Tensor& crow, const at::Tensor& g) {
   const int64_t M = crow.size(0) - 1;

@@ -31,7 +31,6 @@
 namespace torchops {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
 using LayerNormSig = at::Tensor(const at::Tensor&, const OptTensor&, const OptTensor&, double);
 using ForwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const OptTensor&,
                                                                   const OptTensor&, double);

@@ -34,7 +34,6 @@
 namespace torchops {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
 using OptDouble = std::optional<double>;
 using Tensor4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;

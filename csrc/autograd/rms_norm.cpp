@@ -33,7 +33,6 @@
 namespace torchops {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
 using RmsNormSig = at::Tensor(const at::Tensor&, const OptTensor&, double, double);
 using ForwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptTensor&, double, double);
 using BackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const OptTensor&,

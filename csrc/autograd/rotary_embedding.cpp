@@ -34,7 +34,6 @@
 namespace torchops {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
 using Pair = std::tuple<at::Tensor, at::Tensor>;
 using RotateSig = Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool);
 using QkNormSig = Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,

@@ -267,9 +267,13 @@ void check_same_device(const char* op, NamedTensor x, NamedTensor y) {
                  " must be on the same device, got ", x.tensor.device(), " and ", y.tensor.device());
 }
 
-void check_like(const char* op, NamedTensor like, NamedTensor t) {
+void check_defined_on(const char* op, NamedTensor device_of, NamedTensor t) {
   check_defined(op, t);
-  check_same_device(op, like, t);
+  check_same_device(op, device_of, t);
+}
+
+void check_like(const char* op, NamedTensor like, NamedTensor t) {
+  check_defined_on(op, like, t);
   check_same_dtype(op, like, t);
   check_same_shape(op, like, t);
 }
@@ -285,8 +289,7 @@ void check_elementwise(const char* op, c10::ArrayRef<NamedTensor> tensors,
 }
 
 void check_and_resize_out(const char* op, NamedTensor out, NamedTensor like) {
-  check_defined(op, out);
-  check_same_device(op, like, out);
+  check_defined_on(op, like, out);
   check_same_dtype(op, like, out);
   at::native::resize_output(out.tensor, like.tensor.sizes());
 }

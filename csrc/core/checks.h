@@ -8,8 +8,11 @@
 #include <c10/util/string_view.h>
 
 #include <initializer_list>
+#include <optional>
 
 namespace torchops {
+
+using OptTensor = std::optional<at::Tensor>;
 
 #define TORCHOPS_CHECK(cond, op, ...) TORCH_CHECK((cond), "myns::", op, ": ", __VA_ARGS__)
 
@@ -26,6 +29,8 @@ void check_dtype_in(const char* op, NamedTensor t, std::initializer_list<at::Sca
 void check_same_shape(const char* op, NamedTensor x, NamedTensor y);
 void check_same_dtype(const char* op, NamedTensor x, NamedTensor y);
 void check_same_device(const char* op, NamedTensor x, NamedTensor y);
+// t defined and on device_of's device (the "must be on the same device" message names device_of first).
+void check_defined_on(const char* op, NamedTensor device_of, NamedTensor t);
 // t defined, on like's device, with like's dtype and shape (a gradient of like, an operand of an elementwise op).
 void check_like(const char* op, NamedTensor like, NamedTensor t);
 

@@ -54,6 +54,18 @@ inline at::Tensor empty_like_dense_cpu(const at::Tensor& like) {
   return empty_dense_cpu(like.sizes(), like.scalar_type());
 }
 
+// Through a family's Backend, whose static empty(sizes, dtype, device_of) allocates on device_of's device:
+// a dense tensor like `like`, and an output a call may not want (a [0]-shaped placeholder of its dtype then).
+template <typename Backend>
+at::Tensor backend_empty_like(const at::Tensor& like) {
+  return Backend::empty(like.sizes(), like.scalar_type(), like);
+}
+
+template <typename Backend>
+at::Tensor backend_empty_if(bool wanted, c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& device_of) {
+  return Backend::empty(wanted ? sizes : c10::IntArrayRef({0}), dtype, device_of);
+}
+
 #ifdef __CUDACC__
 // A new dense tensor on `device` (a CUDA device).
 inline at::Tensor empty_dense_cuda(c10::IntArrayRef sizes, at::ScalarType dtype, c10::Device device) {

@@ -32,16 +32,12 @@ using cpu::parallel_over_rows;
 
 // What the engine multiplies: spmm_operands() with raw pointers, and the reduction.
 template <typename T, typename Index>
-struct SpmmArgs {
+struct SpmmArgs : SpmmInputs<T> {
   const Index* crow;
   const Index* col;
-  const T* val;  // null: every weight is 1
-  int64_t vs, vhs;
-  const T* dense;
-  int64_t ld, hs;
   T* out;      // M x H x D, contiguous
   Index* arg;  // M x H x D (max/min), or null
-  int64_t H, D;
+  int64_t D;
   bool mean;         // sum: divide by the row's length
   opmath_t<T> sign;  // max: 1; min: -1 (the max of the negated products, negated back)
 };
@@ -183,7 +179,7 @@ template <typename T, typename Index>
 Row<T, Index> row_of(const SpmmArgs<T, Index>& a, int64_t r, int64_t h) {
   const int64_t begin = a.crow[r];
   Row<T, Index> row{a.col + begin, begin, static_cast<int64_t>(a.crow[r + 1]) - begin,
-                    a.val == nullptr ? nullptr : a.val + begin * a.vs + h * a.vhs, a.vs, a.dense + h * a.hs, a.ld,
+                    a.val == nullptr ? nullptr : a.val + begin * a.vs + h * a.vhs, a.vs, a.dense + h * a.dhs, a.ld,
                     a.out + (r * a.H + h) * a.D, a.arg == nullptr ? nullptr : a.arg + (r * a.H + h) * a.D};
   return row;
 }
@@ -274,7 +270,7 @@ void select_backward_into(const SpmmArgs<T, Index>& a, const T* g, int64_t M, op
           for (int64_t d = 0; d < D; ++d) {
             const int64_t p = a.arg[e + d];
             if (p < begin || p >= end) continue;
-            const T* x = a.dense + static_cast<int64_t>(a.col[p]) * a.ld + h * a.hs + d;
+            const T* x = a.dense + static_cast<int64_t>(a.col[p]) * a.ld + h * a.dhs + d;
             grad_values[p * value_heads + (value_heads > 1 ? h : 0)] += static_cast<acc_t>(g[e + d]) * static_cast<acc_t>(*x);
           }
         }
@@ -302,15 +298,9 @@ void select_backward_into(const SpmmArgs<T, Index>& a, const T* g, int64_t M, op
 template <typename T, typename Index>
 SpmmArgs<T, Index> spmm_args(const SpmmOperands& s) {
   SpmmArgs<T, Index> a{};
+  a.set_inputs(s);
   a.crow = s.crow.const_data_ptr<Index>();
   a.col = s.col.const_data_ptr<Index>();
-  a.val = s.values.defined() ? s.values.const_data_ptr<T>() : nullptr;
-  a.vs = s.value_stride;
-  a.vhs = s.value_head_stride;
-  a.dense = s.dense.const_data_ptr<T>();
-  a.ld = s.dense_row_stride;
-  a.hs = s.dense_head_stride;
-  a.H = s.H;
   a.D = s.D;
   a.sign = 1;
   return a;

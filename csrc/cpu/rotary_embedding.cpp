@@ -306,34 +306,44 @@ void normalize_row(const T* x, const W* w, A rstd, A offset, A* out, int64_t n) 
   for (; j < n; ++j) out[j] = static_cast<A>(x[j]) * rstd * (static_cast<A>(w[j]) + offset);
 }
 
-void qk_norm_forward_cpu(const QkNormCall& call) {
+// Runs rows(T{}, W{}, offset) for call's dtypes: T q's, W the weights' (T's, or float with a 16-bit T), the
+// weight offset in T's math type.
+template <typename Rows>
+void dispatch_qk_norm(const QkNormCall& call, Rows&& rows) {
+  dispatch_norm_types(call.rope.q.tensor.scalar_type(), call.q_weight, [&](auto t_tag, auto w_tag) {
+    rows(t_tag, w_tag, static_cast<opmath_t<decltype(t_tag)>>(call.weight_offset));
+  });
+}
+
+template <typename T, typename W, typename A>
+void qk_norm_forward_rows(const QkNormCall& call, A offset) {
   const RotaryCall& r = call.rope;
   const RotaryShape& sh = r.shape;
-  dispatch_norm_types(r.q.tensor.scalar_type(), call.q_weight, [&](auto t_tag, auto w_tag) {
-    using T = decltype(t_tag);
-    using W = decltype(w_tag);
-    using A = opmath_t<T>;
-    const int64_t rot = sh.rot, n = sh.head_dim;
-    const A offset = static_cast<A>(call.weight_offset);
-    const W* wq = call.q_weight.const_data_ptr<W>();
-    const W* wk = call.k_weight.const_data_ptr<W>();
-    for_each_block(sh.batch * sh.seq, (sh.heads_q + sh.heads_k) * n, [&](const PositionBlock& blk) {
-      A* c = scratch<A, 0>(kBlock * rot);
-      A* sn = scratch<A, 1>(kBlock * rot);
-      A* normed = scratch<A, 2>(n);
-      fill_block_tables<T>(r.cs, blk, sh.seq, rot, r.interleaved, false, c, sn);
-      auto side = [&](const HeadRows& in, const HeadRows& out, const W* w, int64_t heads) {
-        for_each_row_of(blk, heads, sh.seq, out, [&](int64_t i, int64_t b, int64_t h, int64_t s) {
-          const T* x = row_of<T>(in, b, h, s);
-          const A rstd = inverse_rms<A>(sum_of_squares<T, A>(x, n), n, call.eps);
-          normalize_row(x, w, rstd, offset, normed, n);
-          rotate_row(static_cast<const A*>(normed), mutable_row_of<T>(out, b, h, s), c + i * rot, sn + i * rot, rot, n,
-                     r.interleaved);
-        });
-      };
-      side(r.q, r.q_out, wq, sh.heads_q);
-      side(r.k, r.k_out, wk, sh.heads_k);
-    });
+  const int64_t rot = sh.rot, n = sh.head_dim;
+  const W* wq = call.q_weight.const_data_ptr<W>();
+  const W* wk = call.k_weight.const_data_ptr<W>();
+  for_each_block(sh.batch * sh.seq, (sh.heads_q + sh.heads_k) * n, [&](const PositionBlock& blk) {
+    A* c = scratch<A, 0>(kBlock * rot);
+    A* sn = scratch<A, 1>(kBlock * rot);
+    A* normed = scratch<A, 2>(n);
+    fill_block_tables<T>(r.cs, blk, sh.seq, rot, r.interleaved, false, c, sn);
+    auto side = [&](const HeadRows& in, const HeadRows& out, const W* w, int64_t heads) {
+      for_each_row_of(blk, heads, sh.seq, out, [&](int64_t i, int64_t b, int64_t h, int64_t s) {
+        const T* x = row_of<T>(in, b, h, s);
+        const A rstd = inverse_rms<A>(sum_of_squares<T, A>(x, n), n, call.eps);
+        normalize_row(x, w, rstd, offset, normed, n);
+        rotate_row(static_cast<const A*>(normed), mutable_row_of<T>(out, b, h, s), c + i * rot, sn + i * rot, rot, n,
+                   r.interleaved);
+      });
+    };
+    side(r.q, r.q_out, wq, sh.heads_q);
+    side(r.k, r.k_out, wk, sh.heads_k);
+  });
+}
+
+void qk_norm_forward_cpu(const QkNormCall& call) {
+  dispatch_qk_norm(call, [&](auto t, auto w, auto offset) {
+    qk_norm_forward_rows<decltype(t), decltype(w)>(call, offset);
   });
 }
 
@@ -405,43 +415,44 @@ void norm_backward_row(const T* x, const A* gn, const W* w, A offset, double eps
   }
 }
 
-void qk_norm_backward_cpu(const QkNormCall& call) {
+template <typename T, typename W, typename A>
+void qk_norm_backward_rows(const QkNormCall& call, A offset) {
   const RotaryCall& r = call.rope;
   const RotaryShape& sh = r.shape;
-  dispatch_norm_types(r.q.tensor.scalar_type(), call.q_weight, [&](auto t_tag, auto w_tag) {
-    using T = decltype(t_tag);
-    using W = decltype(w_tag);
-    using A = opmath_t<T>;
-    const int64_t rot = sh.rot, n = sh.head_dim, positions = sh.batch * sh.seq;
-    const A offset = static_cast<A>(call.weight_offset);
-    // One side (q or k): its input rows, incoming gradient rows, weight, outputs.
-    auto side = [&](const HeadRows& in, const HeadRows& grad, const at::Tensor& weight, const at::Tensor& grad_in,
-                    const at::Tensor& grad_weight, int64_t heads) {
-      if (!grad.tensor.defined() || (!grad_in.defined() && !grad_weight.defined())) return;
-      const W* w = weight.const_data_ptr<W>();
-      HeadRows dx_rows;
-      if (grad_in.defined()) dx_rows = head_rows(grad_in, sh);
-      W* dw = grad_weight.defined() ? grad_weight.mutable_data_ptr<W>() : nullptr;
-      // The partial rows of the weight's gradient: one per fixed chunk of position blocks (norm_cpu.h).
-      norm_cpu::for_each_row_with_column_sums<A>(
-          heads > 0 ? blocks_of(positions) : 0, n, dw != nullptr ? n : 0,
-          [&](int64_t index, A* acc) {
-            const PositionBlock blk = block_at(index, positions);
-            A* c = scratch<A, 0>(kBlock * rot);
-            A* sn = scratch<A, 1>(kBlock * rot);
-            A* gn = scratch<A, 2>(n);
-            fill_block_tables<T>(r.cs, blk, sh.seq, rot, r.interleaved, true, c, sn);
-            for_each_row_of(blk, heads, sh.seq, grad_in.defined() ? dx_rows : in, [&](int64_t i, int64_t b, int64_t h,
-                                                                                      int64_t s) {
-              rotate_row(row_of<T>(grad, b, h, s), gn, c + i * rot, sn + i * rot, rot, n, r.interleaved);
-              T* dx = grad_in.defined() ? mutable_row_of<T>(dx_rows, b, h, s) : nullptr;
-              norm_backward_row(row_of<T>(in, b, h, s), gn, w, offset, call.eps, n, dx, acc);
-            });
-          },
-          [&](int64_t j, double v) { dw[j] = static_cast<W>(v); });
-    };
-    side(r.q, call.grad_q, call.q_weight, call.grad_q_in, call.grad_q_weight, sh.heads_q);
-    side(r.k, call.grad_k, call.k_weight, call.grad_k_in, call.grad_k_weight, sh.heads_k);
+  const int64_t rot = sh.rot, n = sh.head_dim, positions = sh.batch * sh.seq;
+  // One side (q or k): its input rows, incoming gradient rows, weight, outputs.
+  auto side = [&](const HeadRows& in, const HeadRows& grad, const at::Tensor& weight, const at::Tensor& grad_in,
+                  const at::Tensor& grad_weight, int64_t heads) {
+    if (!grad.tensor.defined() || (!grad_in.defined() && !grad_weight.defined())) return;
+    const W* w = weight.const_data_ptr<W>();
+    HeadRows dx_rows;
+    if (grad_in.defined()) dx_rows = head_rows(grad_in, sh);
+    W* dw = grad_weight.defined() ? grad_weight.mutable_data_ptr<W>() : nullptr;
+    // The partial rows of the weight's gradient: one per fixed chunk of position blocks (norm_cpu.h).
+    norm_cpu::for_each_row_with_column_sums<A>(
+        heads > 0 ? blocks_of(positions) : 0, n, dw != nullptr ? n : 0,
+        [&](int64_t index, A* acc) {
+          const PositionBlock blk = block_at(index, positions);
+          A* c = scratch<A, 0>(kBlock * rot);
+          A* sn = scratch<A, 1>(kBlock * rot);
+          A* gn = scratch<A, 2>(n);
+          fill_block_tables<T>(r.cs, blk, sh.seq, rot, r.interleaved, true, c, sn);
+          const HeadRows& walked = grad_in.defined() ? dx_rows : in;
+          for_each_row_of(blk, heads, sh.seq, walked, [&](int64_t i, int64_t b, int64_t h, int64_t s) {
+            rotate_row(row_of<T>(grad, b, h, s), gn, c + i * rot, sn + i * rot, rot, n, r.interleaved);
+            T* dx = grad_in.defined() ? mutable_row_of<T>(dx_rows, b, h, s) : nullptr;
+            norm_backward_row(row_of<T>(in, b, h, s), gn, w, offset, call.eps, n, dx, acc);
+          });
+        },
+        [&](int64_t j, double v) { dw[j] = static_cast<W>(v); });
+  };
+  side(r.q, call.grad_q, call.q_weight, call.grad_q_in, call.grad_q_weight, sh.heads_q);
+  side(r.k, call.grad_k, call.k_weight, call.grad_k_in, call.grad_k_weight, sh.heads_k);
+}
+
+void qk_norm_backward_cpu(const QkNormCall& call) {
+  dispatch_qk_norm(call, [&](auto t, auto w, auto offset) {
+    qk_norm_backward_rows<decltype(t), decltype(w)>(call, offset);
   });
 }
 

@@ -74,23 +74,20 @@ void check_rows(const char* op, NamedTensor t, int64_t m) {
 
 void check_csr_indices(const char* op, NamedTensor crow, NamedTensor col, NamedTensor device_of) {
   check_crow_indices(op, crow, device_of);
-  check_defined(op, col);
-  check_same_device(op, device_of, col);
+  check_defined_on(op, device_of, col);
   check_1d(op, col);
   check_same_dtype(op, crow, col);
 }
 
 void check_crow_indices(const char* op, NamedTensor crow, NamedTensor device_of) {
-  check_defined(op, crow);
-  check_same_device(op, device_of, crow);
+  check_defined_on(op, device_of, crow);
   check_1d(op, crow);
   TORCHOPS_CHECK(crow.tensor.sym_numel() >= 1, op, crow.name, " must hold M + 1 >= 1 entries, got none");
   check_dtype_in(op, crow, {TORCHOPS_INT_DTYPES});
 }
 
 void check_csr_matrix(const char* op, NamedTensor t, NamedTensor device_of) {
-  check_defined(op, t);
-  check_same_device(op, device_of, t);
+  check_defined_on(op, device_of, t);
   TORCHOPS_CHECK(t.tensor.dim() == 2, op, t.name, " must be 2-D, got shape ", t.tensor.sizes());
   check_dtype_in(op, t, {TORCHOPS_FLOAT_DTYPES});
 }
@@ -147,13 +144,19 @@ at::Tensor with_unit_column_stride(const at::Tensor& t) {
 
 // ------------------------------------------------------------------------------------------------ spmm
 
+namespace {
+constexpr const char* kReduceNames[] = {"sum", "mean", "max", "min"};  // in Reduce's order
+}  // namespace
+
 Reduce parse_reduce(const char* op, c10::string_view reduce) {
-  if (reduce == "sum") return Reduce::kSum;
-  if (reduce == "mean") return Reduce::kMean;
-  if (reduce == "max") return Reduce::kMax;
-  TORCHOPS_CHECK(reduce == "min", op, "reduce must be 'sum', 'mean', 'max' or 'min', got '", reduce, "'");
-  return Reduce::kMin;
+  for (int r = 0; r < 4; ++r) {
+    if (reduce == kReduceNames[r]) return static_cast<Reduce>(r);
+  }
+  TORCHOPS_CHECK(false, op, "reduce must be 'sum', 'mean', 'max' or 'min', got '", reduce, "'");
+  return Reduce::kSum;  // not reached: the check throws
 }
+
+const char* reduce_name(Reduce r) { return kReduceNames[static_cast<int>(r)]; }
 
 Reduce parse_selecting_reduce(const char* op, c10::string_view reduce) {
   if (reduce == "max") return Reduce::kMax;
@@ -242,8 +245,7 @@ void check_sddmm_args(const char* op, const at::Tensor& crow, const at::Tensor& 
   const NamedTensor na{"a", a}, nb{"b", b};
   check_defined(op, na);
   check_csr_indices(op, {"crow_indices", crow}, {"col_indices", col}, na);
-  check_defined(op, nb);
-  check_same_device(op, na, nb);
+  check_defined_on(op, na, nb);
   const bool dot = kind == SddmmOp::kDot;
   const char* what = dot ? "2-D (rows, D) or 3-D (rows, H, D)" : "1-D (rows) or 2-D (rows, H)";
   check_dims(op, na, dot ? 2 : 1, dot ? 3 : 2, what);
@@ -296,8 +298,7 @@ void check_csr_softmax_backward_args(const char* op, const at::Tensor& crow, con
   const NamedTensor g{"grad_out", grad_out}, o{"values", values};
   check_defined(op, o);
   check_crow_indices(op, {"crow_indices", crow}, o);
-  check_defined(op, g);
-  check_same_device(op, o, g);
+  check_defined_on(op, o, g);
   check_dims(op, o, 1, 2, "1-D (nnz) or 2-D (nnz, H)");
   check_dtype_in(op, o, {TORCHOPS_FLOAT_DTYPES});
   check_same_dtype(op, g, o);

@@ -24,8 +24,6 @@
 
 namespace torchops {
 
-using OptTensor = std::optional<at::Tensor>;
-
 // crow_indices and col_indices: defined, on `device_of`'s device, 1-D, int32 or int64 (the same for both),
 // and crow_indices holds M + 1 >= 1 entries.
 void check_csr_indices(const char* op, NamedTensor crow, NamedTensor col, NamedTensor device_of);
@@ -76,6 +74,8 @@ enum class Reduce { kSum, kMean, kMax, kMin };
 
 // "sum", "mean", "max" or "min"; anything else raises, naming the op.
 Reduce parse_reduce(const char* op, c10::string_view reduce);
+// Its inverse: the name parse_reduce takes.
+const char* reduce_name(Reduce r);
 
 inline bool selects(Reduce r) { return r == Reduce::kMax || r == Reduce::kMin; }
 
@@ -103,6 +103,28 @@ struct SpmmOperands : CsrProduct {
   at::Tensor values, dense;  // values contiguous (undefined: all ones)
   int64_t value_stride = 1, value_head_stride = 0;
   int64_t dense_row_stride = 0, dense_head_stride = 0;
+};
+
+// SpmmOperands' weights and dense side as raw pointers: the part of the CPU and CUDA engines' arguments that is
+// the same. Nonzero p's weight in head h is val[p * vs + h * vhs]; dense's row k of head h starts at
+// dense + k * ld + h * dhs, with a unit column stride.
+template <typename T>
+struct SpmmInputs {
+  const T* val;  // null: every weight is 1
+  int64_t vs, vhs;
+  const T* dense;
+  int64_t ld, dhs;
+  int64_t H;
+
+  void set_inputs(const SpmmOperands& s) {
+    val = s.values.defined() ? s.values.const_data_ptr<T>() : nullptr;
+    vs = s.value_stride;
+    vhs = s.value_head_stride;
+    dense = s.dense.const_data_ptr<T>();
+    ld = s.dense_row_stride;
+    dhs = s.dense_head_stride;
+    H = s.H;
+  }
 };
 
 // spmm_reduce's arguments: the indices (on dense's device), dense 2-D (K, D) or 3-D (K, H, D), values None,

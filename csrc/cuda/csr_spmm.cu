@@ -57,17 +57,12 @@ enum class Accumulate {
 };
 
 template <typename T, typename Index>
-struct SpmmArgs : MergePathArgs<Index> {  // N: the columns of one head (D)
-  const T* val;  // null: every weight is 1
-  int64_t vs, vhs;  // nonzero p's weight in head h: val[p * vs + h * vhs]
-  const T* dense;   // K rows (row stride ld); head h at dense + h * dhs; unit column stride
-  int64_t ld, dhs;
+struct SpmmArgs : MergePathArgs<Index>, SpmmInputs<T> {  // N: the columns of one head (D)
   const Index* tag;  // kMaskedSum: each nonzero's tag
   const Index* sel;  // kMaskedSum: the gathered rows' selections, rows of H * D (row stride sel_ld)
   int64_t sel_ld;
   T* out;      // M x H x D, dense
   Index* arg;  // kSelect: the selected positions, M x H x D, or null
-  int64_t H;
   int64_t column_tiles;  // per head
   bool mean;
   opmath_t<T> sign;        // kSelect: 1 (max) or -1 (min)
@@ -449,13 +444,7 @@ template <typename T, typename Index>
 SpmmArgs<T, Index> spmm_args(const SpmmOperands& s) {
   SpmmArgs<T, Index> a{};
   a.set_matrix(s.crow, s.col, s.K, s.D);
-  a.val = s.values.defined() ? s.values.const_data_ptr<T>() : nullptr;
-  a.vs = s.value_stride;
-  a.vhs = s.value_head_stride;
-  a.dense = s.dense.const_data_ptr<T>();
-  a.ld = s.dense_row_stride;
-  a.dhs = s.dense_head_stride;
-  a.H = s.H;
+  a.set_inputs(s);
   a.sign = 1;
   return a;
 }

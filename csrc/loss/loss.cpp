@@ -59,8 +59,7 @@ void check_float_scores(const char* op, NamedTensor scores) {
 
 // A per-token tensor of target's shape on its device (grad_loss): any float dtype.
 void check_per_token(const char* op, NamedTensor target, NamedTensor t) {
-  check_defined(op, t);
-  check_same_device(op, target, t);
+  check_defined_on(op, target, t);
   check_dtype_in(op, t, {TORCHOPS_FLOAT_DTYPES});
   check_same_shape(op, target, t);
 }
@@ -200,8 +199,7 @@ void check_linear_cross_entropy_args(const char* op, const at::Tensor& input, co
                                      const CrossEntropyOptions& options) {
   const NamedTensor x{"input", input}, w{"linear_weight", linear_weight};
   check_float_scores(op, x);
-  check_defined(op, w);
-  check_same_device(op, x, w);
+  check_defined_on(op, x, w);
   TORCHOPS_CHECK(linear_weight.dim() == 2, op, "linear_weight must be 2-D, got shape ", linear_weight.sym_sizes());
   check_same_dtype(op, x, w);
   TORCH_SYM_CHECK(linear_weight.sym_size(1).sym_eq(input.sym_size(-1)), "myns::", op, ": linear_weight must have ",
@@ -363,8 +361,7 @@ at::Tensor cross_entropy_backward(const char* op, CrossEntropyRowsKernel rows, c
   check_cross_entropy_args(op, logits, target, options);
   check_per_token(op, {"target", target}, {"grad_loss", grad_loss});
   const auto math = loss_math_dtype(logits.scalar_type());
-  check_defined(op, {"lse", lse});
-  check_same_device(op, {"logits", logits}, {"lse", lse});
+  check_defined_on(op, {"logits", logits}, {"lse", lse});
   const auto leading = logits.sizes().slice(0, logits.dim() - 1);
   TORCHOPS_CHECK(lse.sizes().equals(leading) && lse.scalar_type() == math, op, "lse must have shape ", leading,
                  " (logits's leading dimensions) and dtype ", math, ", got shape ", lse.sizes(), " and dtype ",

@@ -66,8 +66,7 @@ void check_norm_row_limit(const char* op, NamedTensor input, int64_t max_row) {
 void check_norm_input_pair(const char* op, NamedTensor input, NamedTensor other,
                            const std::optional<at::Tensor>& weight, double weight_offset) {
   check_norm_input(op, input, weight, weight_offset);
-  check_defined(op, other);
-  check_same_device(op, input, other);
+  check_defined_on(op, input, other);
   check_same_dtype(op, input, other);
   // Symbolic-safe (the Autograd kernel checks fake tensors too): one runtime assertion per dimension.
   const auto xs = input.tensor.sym_sizes(), ys = other.tensor.sym_sizes();
@@ -80,8 +79,7 @@ void check_norm_input_pair(const char* op, NamedTensor input, NamedTensor other,
 }
 
 void check_norm_stat(const char* op, NamedTensor input, NamedTensor stat) {
-  check_defined(op, stat);
-  check_same_device(op, input, stat);
+  check_defined_on(op, input, stat);
   const auto leading = input.tensor.sizes().slice(0, input.tensor.dim() - 1);
   const auto stat_dtype = norm_stat_dtype(input.tensor.scalar_type());
   TORCHOPS_CHECK(stat.tensor.sizes().equals(leading) && stat.tensor.scalar_type() == stat_dtype, op, stat.name,

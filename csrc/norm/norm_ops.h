@@ -16,26 +16,17 @@
 #include <optional>
 #include <tuple>
 
+#include "../core/empty.h"
 #include "norm.h"
 
 namespace torchops {
 
 template <typename Backend>
 struct NormOps {
-  using OptTensor = std::optional<at::Tensor>;
-
-  static at::Tensor empty_like_dense(const at::Tensor& like) {
-    return Backend::empty(like.sizes(), like.scalar_type(), like);
-  }
 
   // A per-row statistic: input.shape[:-1], the stat dtype.
   static at::Tensor empty_stat(const at::Tensor& input) {
     return Backend::empty(input.sizes().slice(0, input.dim() - 1), norm_stat_dtype(input.scalar_type()), input);
-  }
-
-  // An output of a backward op: of `sizes` when wanted, else a [0]-shaped placeholder of its dtype.
-  static at::Tensor empty_grad(c10::IntArrayRef sizes, at::ScalarType dtype, bool wanted, const at::Tensor& device_of) {
-    return Backend::empty(wanted ? sizes : c10::IntArrayRef({0}), dtype, device_of);
   }
 
   static at::Tensor optional_tensor(const OptTensor& t) { return t.has_value() && t->defined() ? *t : at::Tensor(); }
@@ -50,8 +41,8 @@ struct NormOps {
     }
     check_norm_row_limit(op, {"input", input}, Backend::kMaxRow);
     NormForward f{NormKind::kRms, input, residual, dense_weight(weight), at::Tensor(), eps, weight_offset,
-                  empty_like_dense(input)};
-    if (residual.defined()) f.residual_out = empty_like_dense(input);
+                  backend_empty_like<Backend>(input)};
+    if (residual.defined()) f.residual_out = backend_empty_like<Backend>(input);
     if (save) f.rstd = empty_stat(input);
     Backend::forward(f);
     return f;
@@ -88,7 +79,7 @@ struct NormOps {
     check_layer_norm_input(op, {"input", input}, weight, bias);
     check_norm_row_limit(op, {"input", input}, Backend::kMaxRow);
     NormForward f{NormKind::kLayer, input, at::Tensor(), dense_weight(weight), dense_weight(bias), eps, 0.0,
-                  empty_like_dense(input)};
+                  backend_empty_like<Backend>(input)};
     if (save) {
       f.mean = empty_stat(input);
       f.rstd = empty_stat(input);
@@ -116,9 +107,9 @@ struct NormOps {
     const auto weight_dtype = b.weight.defined() ? b.weight.scalar_type() : input_dtype;
     const auto bias_dtype = b.weight.defined() ? weight_dtype : norm_stat_dtype(input_dtype);
     const int64_t columns[] = {b.input.size(-1)};
-    b.grad_input = empty_grad(b.input.sizes(), input_dtype, input_grad, b.input);
-    b.grad_weight = empty_grad(columns, weight_dtype, weight_grad, b.input);
-    b.grad_bias = empty_grad(columns, bias_dtype, bias_grad, b.input);
+    b.grad_input = backend_empty_if<Backend>(input_grad, b.input.sizes(), input_dtype, b.input);
+    b.grad_weight = backend_empty_if<Backend>(weight_grad, columns, weight_dtype, b.input);
+    b.grad_bias = backend_empty_if<Backend>(bias_grad, columns, bias_dtype, b.input);
     if (input_grad || weight_grad || bias_grad) {
       NormBackward run = b;  // the backend sees only the outputs wanted
       if (!input_grad) run.grad_input = at::Tensor();

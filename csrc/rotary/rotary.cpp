@@ -42,8 +42,7 @@ void check_rotary_dim(const char* op, NamedTensor t, int64_t rot, const char* li
 
 // A norm weight (core of norm.cpp's parameter rule, under the argument's own name).
 void check_weight(const char* op, NamedTensor x, NamedTensor w) {
-  check_defined(op, w);
-  check_same_device(op, x, w);
+  check_defined_on(op, x, w);
   const int64_t n = x.tensor.size(-1);
   TORCHOPS_CHECK(w.tensor.dim() == 1 && w.tensor.size(0) == n, op, w.name, " must be 1-D of size ", n, " (", x.name,
                  "'s last dimension), got shape ", w.tensor.sizes());
@@ -79,8 +78,7 @@ RotaryShape check_rotary(const char* op, NamedTensor q, NamedTensor k, NamedTens
                  "unsqueeze_dim must be 1 (q and k [batch, heads, seq, head_dim]) or 2 ([batch, seq, heads, "
                  "head_dim]), got ", unsqueeze_dim);
   check_4d(op, q, unsqueeze_dim);
-  check_defined(op, k);
-  check_same_device(op, q, k);
+  check_defined_on(op, q, k);
   check_same_dtype(op, q, k);
   check_4d(op, k, unsqueeze_dim);
   RotaryShape s;
@@ -96,8 +94,7 @@ RotaryShape check_rotary(const char* op, NamedTensor q, NamedTensor k, NamedTens
   s.heads_k = k.tensor.size(s.heads_dim);
   s.head_dim = q.tensor.size(3);
   for (const NamedTensor& t : {cos, sin}) {
-    check_defined(op, t);
-    check_same_device(op, q, t);
+    check_defined_on(op, q, t);
     check_same_dtype(op, q, t);
     const auto c = t.tensor.sizes();
     TORCHOPS_CHECK(c.size() == 3 && (c[0] == 1 || c[0] == s.batch) && (c[1] == 1 || c[1] == s.seq), op, t.name,
@@ -153,8 +150,7 @@ RotaryCacheShape check_rotary_cache(const char* op, const at::Tensor& positions,
     check_same_dtype(op, q, k);
     s.heads_k = check_cache_rows(op, k, s.tokens, head_size);
   }
-  check_defined(op, c);
-  check_same_device(op, q, c);
+  check_defined_on(op, q, c);
   TORCHOPS_CHECK(cos_sin_cache.dim() == 2, op, "cos_sin_cache must be 2-D, got shape ", cos_sin_cache.sizes());
   const auto dtype = query.scalar_type();
   const bool reduced = is_16bit_float_dtype(dtype);

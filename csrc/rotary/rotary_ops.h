@@ -16,23 +16,13 @@
 #include <optional>
 #include <tuple>
 
+#include "../core/empty.h"
 #include "rotary.h"
 
 namespace torchops {
 
 template <typename Backend>
 struct RotaryOps {
-  using OptTensor = std::optional<at::Tensor>;
-
-  static at::Tensor empty_like_dense(const at::Tensor& like) {
-    return Backend::empty(like.sizes(), like.scalar_type(), like);
-  }
-
-  // A wanted output of `sizes`, else a [0]-shaped placeholder, of `dtype` on like's device.
-  static at::Tensor empty_or_placeholder(bool wanted, c10::IntArrayRef sizes, at::ScalarType dtype,
-                                         const at::Tensor& like) {
-    return Backend::empty(wanted ? sizes : c10::IntArrayRef({0}), dtype, like);
-  }
 
   // The rotation of q and k (named as the op names them) into new dense outputs.
   static RotaryCall rotation(const char* op, NamedTensor q, NamedTensor k, const at::Tensor& cos,
@@ -41,8 +31,8 @@ struct RotaryOps {
     call.shape = check_rotary(op, q, k, {"cos", cos}, {"sin", sin}, unsqueeze_dim);
     call.q = head_rows(q.tensor, call.shape);
     call.k = head_rows(k.tensor, call.shape);
-    call.q_out = head_rows(empty_like_dense(q.tensor), call.shape);
-    call.k_out = head_rows(empty_like_dense(k.tensor), call.shape);
+    call.q_out = head_rows(backend_empty_like<Backend>(q.tensor), call.shape);
+    call.k_out = head_rows(backend_empty_like<Backend>(k.tensor), call.shape);
     call.cs = cos_sin_rows(cos, sin);
     call.interleaved = interleaved;
     call.transposed = transposed;
@@ -93,8 +83,8 @@ struct RotaryOps {
                                                          double weight_offset, int64_t unsqueeze_dim, bool interleaved) {
     QkNormCall call = qk_norm("qk_norm_rope", q, k, q_weight, k_weight, cos, sin, eps, weight_offset, unsqueeze_dim,
                               interleaved);
-    call.rope.q_out = head_rows(empty_like_dense(q), call.rope.shape);
-    call.rope.k_out = head_rows(empty_like_dense(k), call.rope.shape);
+    call.rope.q_out = head_rows(backend_empty_like<Backend>(q), call.rope.shape);
+    call.rope.k_out = head_rows(backend_empty_like<Backend>(k), call.rope.shape);
     Backend::qk_norm_forward(call);
     return {call.rope.q_out.tensor, call.rope.k_out.tensor};
   }
@@ -118,10 +108,12 @@ struct RotaryOps {
       check_like(op, {"k", k}, {"grad_k_out", *grad_k_out});
       call.grad_k = head_rows(*grad_k_out, call.rope.shape);
     }
-    call.grad_q_in = empty_or_placeholder(has_q && input_grad, q.sizes(), q.scalar_type(), q);
-    call.grad_k_in = empty_or_placeholder(has_k && input_grad, k.sizes(), k.scalar_type(), k);
-    call.grad_q_weight = empty_or_placeholder(has_q && weight_grad, q_weight.sizes(), q_weight.scalar_type(), q);
-    call.grad_k_weight = empty_or_placeholder(has_k && weight_grad, k_weight.sizes(), k_weight.scalar_type(), k);
+    call.grad_q_in = backend_empty_if<Backend>(has_q && input_grad, q.sizes(), q.scalar_type(), q);
+    call.grad_k_in = backend_empty_if<Backend>(has_k && input_grad, k.sizes(), k.scalar_type(), k);
+    call.grad_q_weight =
+        backend_empty_if<Backend>(has_q && weight_grad, q_weight.sizes(), q_weight.scalar_type(), q);
+    call.grad_k_weight =
+        backend_empty_if<Backend>(has_k && weight_grad, k_weight.sizes(), k_weight.scalar_type(), k);
     // The backend sees only what is wanted: undefined elsewhere.
     QkNormCall run = call;
     if (!(has_q && input_grad)) run.grad_q_in = at::Tensor();
