@@ -2,6 +2,7 @@
 //   forward   y = exp(x - max) / sum(exp(x - max))   (f32 math for 16-bit and f32, f64 for f64; a NaN makes
 //             its row NaN, as torch.softmax does);
 //   backward  grad_x = y * (grad_y - sum(grad_y * y)), y recomputed from x.
+// Each exp(x - max) is computed once per row and kept (a row's worth per thread) for the outputs.
 // Rows in parallel (csr_cpu.h), each row's heads side by side (a nonzero's H values are adjacent).
 #include <ATen/core/Tensor.h>
 
@@ -15,9 +16,11 @@
 namespace torchops {
 namespace {
 
-// A row's softmax statistics per head: its largest value (NaN if any is) and the sum of exp(x - largest).
+// A row's softmax statistics per head: its largest value (NaN if any is) and the sum of exp(x - largest), with
+// each exp(x - largest) in e (nonzero begin + i, head h at e[i * H + h]).
 template <typename T, typename Acc>
-void row_stats(const T* x, int64_t begin, int64_t end, int64_t H, std::vector<Acc>& top, std::vector<Acc>& sum) {
+void row_stats(const T* x, int64_t begin, int64_t end, int64_t H, std::vector<Acc>& top, std::vector<Acc>& sum,
+               std::vector<Acc>& e) {
   for (int64_t h = 0; h < H; ++h) top[h] = static_cast<Acc>(x[begin * H + h]);
   for (int64_t p = begin + 1; p < end; ++p) {
     for (int64_t h = 0; h < H; ++h) {
@@ -26,8 +29,13 @@ void row_stats(const T* x, int64_t begin, int64_t end, int64_t H, std::vector<Ac
     }
   }
   std::fill(sum.begin(), sum.end(), Acc(0));
+  if (static_cast<int64_t>(e.size()) < (end - begin) * H) e.resize((end - begin) * H);
   for (int64_t p = begin; p < end; ++p) {
-    for (int64_t h = 0; h < H; ++h) sum[h] += std::exp(static_cast<Acc>(x[p * H + h]) - top[h]);
+    Acc* ep = e.data() + (p - begin) * H;
+    for (int64_t h = 0; h < H; ++h) {
+      ep[h] = std::exp(static_cast<Acc>(x[p * H + h]) - top[h]);
+      sum[h] += ep[h];
+    }
   }
 }
 
@@ -50,14 +58,14 @@ at::Tensor softmax_cpu(const char* op, const at::Tensor& crow_in, const at::Tens
       const scalar_t* pg = backward ? g.const_data_ptr<scalar_t>() : nullptr;
       scalar_t* po = out.mutable_data_ptr<scalar_t>();
       cpu::parallel_over_rows(pc, M, H, [&](int64_t r0, int64_t r1) {
-        std::vector<acc_t> top(H), sum(H), dot(H);
-        const auto y = [&](int64_t p, int64_t h) {
-          return std::exp(static_cast<acc_t>(x[p * H + h]) - top[h]) / sum[h];
-        };
+        std::vector<acc_t> top(H), sum(H), dot(H), e;
+        int64_t begin = 0;
+        const auto y = [&](int64_t p, int64_t h) { return e[(p - begin) * H + h] / sum[h]; };
         for (int64_t r = r0; r < r1; ++r) {
-          const int64_t begin = pc[r], end = pc[r + 1];
+          begin = pc[r];
+          const int64_t end = pc[r + 1];
           if (begin == end) continue;
-          row_stats(x, begin, end, H, top, sum);
+          row_stats(x, begin, end, H, top, sum, e);
           if (!backward) {
             for (int64_t p = begin; p < end; ++p) {
               for (int64_t h = 0; h < H; ++h) po[p * H + h] = static_cast<scalar_t>(y(p, h));
