@@ -25,7 +25,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -243,8 +243,16 @@ def summarize(results: Sequence[H.Result], device: str, excluded: set[str] = fro
     return "Summary (csr_spmm; speedup > 1 = faster than torch): " + "; ".join(parts)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--graphs", default="", help="comma-separated subset of graph names (default: all)")
+def graph_bench(graphs_of: Callable[[str, bool, str], list[GraphSpec]], **fields: Any) -> H.Bench:
+    """A bench over the graphs that graphs_of(device, quick, --graphs) picks: f32 and bf16, speedups only (a sparse
+    product's bytes depend on the graph, so no copy is measured)."""
+
+    def add_graphs_argument(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--graphs", default="", help="comma-separated subset of graph names (default: all)")
+
+    return H.Bench(default_dtypes=("f32", "bf16"), add_arguments=add_graphs_argument, copy_reference=False,
+                   meta=lambda args: {"graphs": [s.__dict__ for s in graphs_of(args.device, args.quick, args.graphs)]},
+                   **fields)
 
 
 def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
@@ -264,20 +272,8 @@ def summary(results: Sequence[H.Result], args: argparse.Namespace, ctx: H.Contex
     return summarize(results, args.device, {s.name for s in specs if not s.in_forward_summary})
 
 
-BENCH = H.Bench(
-    op=OP,
-    run=run,
-    default_dtypes=("f32", "bf16"),
-    add_arguments=add_arguments,
-    summarize=summary,
-    meta=lambda args: {"graphs": [s.__dict__ for s in graphs(args.device, args.quick, args.graphs)]},
-    copy_reference=False,  # a sparse product's bytes depend on the graph: it reports speedups only
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return H.main(BENCH, argv)
+BENCH = graph_bench(graphs, op=OP, run=run, summarize=summary)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(H.main(BENCH))

@@ -68,14 +68,7 @@ def _backward_timer(fn: Callable, gate: torch.Tensor, up: torch.Tensor, grad: to
 def peak_fwd_bwd_bytes(fn: Callable, x: torch.Tensor, grad: torch.Tensor) -> int:
     """Peak CUDA memory above what was allocated before one forward+backward from the leaf x."""
     leaf = x.detach().requires_grad_()
-    H.free_memory("cuda")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn(*leaf.chunk(2, dim=-1)).backward(grad)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del leaf
+    peak, _ = H.peak_cuda_bytes(lambda: fn(*leaf.chunk(2, dim=-1)).backward(grad))
     return peak
 
 

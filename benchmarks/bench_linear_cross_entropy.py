@@ -120,15 +120,8 @@ def _step(fn: Callable[..., torch.Tensor], leaves: Sequence[torch.Tensor], t: to
 def peak_extra_bytes(fn: Callable[..., torch.Tensor], leaves: Sequence[torch.Tensor], t: torch.Tensor) -> int:
     """Peak CUDA memory of one forward + autograd.grad beyond what was allocated before it (the inputs and the
     target) and the gradients it returns."""
-    H.free_memory("cuda")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    grads = torch.autograd.grad(fn(*leaves, t), leaves)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before - sum(g.nbytes for g in grads)
-    del grads
-    return peak
+    peak, grads = H.peak_cuda_bytes(lambda: torch.autograd.grad(fn(*leaves, t), leaves))
+    return peak - sum(g.nbytes for g in grads)
 
 
 def _rows(op: str, impls: dict[str, Callable[..., torch.Tensor]], leaves: Sequence[torch.Tensor], t: torch.Tensor,
@@ -280,21 +273,12 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         args.tokens = [int(n) for n in args.tokens.split(",") if n.strip()]
     except ValueError:
         parser.error("--tokens: comma-separated integers")
-    if "--dtypes" not in " ".join(sys.argv):
-        # The bars' dtypes: bf16 on the GPU (an LLM's head), f32 on the CPU.
-        args.dtypes = [torch.bfloat16] if args.device == "cuda" else [torch.float32]
 
 
-BENCH = H.Bench(
-    op="linear_cross_entropy",
-    more_ops=("cross_entropy",),
-    run=run,
-    default_dtypes=("bf16",),
-    add_arguments=add_arguments,
-    check_arguments=check_arguments,
-    summarize=summarize,
-    copy_reference=False,
-)
+# The bars' dtypes: an LLM's head in bf16 on the GPU, f32 on the CPU; time and memory only (no copy).
+BENCH = H.Bench(op="linear_cross_entropy", more_ops=("cross_entropy",), run=run, add_arguments=add_arguments,
+                check_arguments=check_arguments, summarize=summarize, default_dtypes=("bf16",), cpu_dtypes=("f32",),
+                copy_reference=False)
 
 
 if __name__ == "__main__":

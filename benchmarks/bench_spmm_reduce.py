@@ -30,7 +30,6 @@ gradients) and 64 H.MiB of scratch, always far below one nnz x N tensor.
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -38,7 +37,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from benchmarks import harness as H
-from benchmarks.bench_csr_spmm import GraphSpec, check_forward, make_graph, reference_product, torch_spmm_supports
+from benchmarks.bench_csr_spmm import (GraphSpec, check_forward, graph_bench, make_graph, reference_product,
+                                      torch_spmm_supports)
 from benchmarks.bench_csr_spmm import graphs as csr_graphs
 
 OP, OPS = "spmm_reduce", ("spmm_reduce", "sddmm", "csr_softmax", "gat_layer")
@@ -86,17 +86,7 @@ def fits(device: str, nbytes: float) -> bool:
 def peak_extra_bytes(fn: Callable[[], Any], device: str) -> int:
     """How far above what was allocated before the call the allocator's peak went during fn() (CUDA);
     the call's results are dropped before the next measurement."""
-    if device != "cuda":
-        return 0
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    result = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del result
-    return peak
+    return H.peak_cuda_bytes(fn)[0] if device == "cuda" else 0
 
 
 def fwd_bwd(forward: Callable[[], torch.Tensor], inputs: Sequence[torch.Tensor], g: torch.Tensor) -> Callable[[], Any]:
@@ -325,10 +315,6 @@ def bench_gat(args, ctx: H.Context, g: Graph, dtype: torch.dtype, pyg: Any, why:
 
 # ------------------------------------------------------------------------------------------------ bench
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--graphs", default="", help="comma-separated subset of graph names (default: all)")
-
-
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """sddmm, csr_softmax and the GAT layer have GPU cases only (their bars are the H200's); on the CPU the bench
     measures spmm_reduce against torch.sparse.mm."""
@@ -383,23 +369,9 @@ def summary(results: Sequence[H.Result], args: argparse.Namespace, ctx: H.Contex
     return "Summary (speedup > 1 = faster than the peer): " + "; ".join(parts)
 
 
-BENCH = H.Bench(
-    op=OP,
-    run=run,
-    default_dtypes=("f32", "bf16"),
-    add_arguments=add_arguments,
-    check_arguments=check_arguments,
-    summarize=summary,
-    meta=lambda args: {"graphs": [s.__dict__ for s in graphs(args.device, args.quick, args.graphs)]},
-    copy_reference=False,  # sparse work: speedups only
-    more_ops=OPS[1:],
-    name="spmm_reduce",
-)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return H.main(BENCH, argv)
+BENCH = graph_bench(graphs, op=OP, more_ops=OPS[1:], name="spmm_reduce", run=run, check_arguments=check_arguments,
+                    summarize=summary)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(H.main(BENCH))

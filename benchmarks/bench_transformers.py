@@ -86,14 +86,8 @@ class Trainee:
         self.call(input_ids=self.ids, labels=self.labels).loss.backward()
         self.opt.step()
 
-    def peak_bytes(self, device: str) -> int:
-        H.free_memory(device)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        self.step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before + _resident_bytes(self.model, self.opt)
+    def peak_bytes(self) -> int:
+        return H.peak_cuda_bytes(self.step)[0] + _resident_bytes(self.model, self.opt)
 
 
 def check_loss(name: str, loss: float, reference: float, dtype: torch.dtype) -> None:
@@ -163,7 +157,7 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
         t.step()  # compiles, and makes the optimizer's state
     times = H.time_all_ms({name: t.step for name, t in trainees.items()}, device, quick=args.quick)
     yield from _rows(HF_TRAIN, times, shape, numel, dtype, device)
-    peaks = {name: t.peak_bytes(device) for name, t in trainees.items() if device == "cuda"}
+    peaks = {name: t.peak_bytes() for name, t in trainees.items() if device == "cuda"}
 
     # Generation, eager: unpatched against patched, from the initial weights (the steps above may differ in count).
     prompt = torch.randint(0, config.vocab_size, (1, prompt_len), generator=gen).to(device)
@@ -206,7 +200,7 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
             times = H.time_all_ms({name: t.step for name, t in trainees.items()}, device, quick=args.quick)
             yield from _rows(HF_TRAIN_VS_LIGER, times, shape, numel, dtype, device, baseline=LIGER)
             if device == "cuda":
-                peaks[LIGER] = trainees[LIGER].peak_bytes(device)
+                peaks[LIGER] = trainees[LIGER].peak_bytes()
     if peaks:
         yield from _memory_rows(peaks, shape, numel, dtype, device)
 
@@ -247,9 +241,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if "--dtypes" not in " ".join(sys.argv):
-        # The bars' dtype on the GPU; float32 for the CPU smoke run.
-        args.dtypes = [torch.bfloat16] if args.device == "cuda" else [torch.float32]
     if len(args.dtypes) != 1:
         parser.error("--dtypes: one dtype")
     if args.device == "cpu":
@@ -257,15 +248,9 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         args.liger = False  # Triton kernels
 
 
-BENCH = H.Bench(
-    op=OP,
-    run=run_and_judge,
-    default_dtypes=("bf16",),
-    add_arguments=add_arguments,
-    check_arguments=check_arguments,
-    summarize=summarize,
-    copy_reference=False,
-)
+# bf16 on the GPU (the bars' dtype), float32 for the CPU smoke run; a whole model's step has no copy to compare.
+BENCH = H.Bench(OP, run_and_judge, default_dtypes=("bf16",), cpu_dtypes=("f32",), copy_reference=False,
+                add_arguments=add_arguments, check_arguments=check_arguments, summarize=summarize)
 
 
 if __name__ == "__main__":

@@ -66,8 +66,10 @@ CLOCK: Callable[[], float] = time.perf_counter
 # --------------------------------------------------------------------------------------------------- CLI
 
 
-def make_parser(description: str, default_dtypes: Sequence[str] = ("f32", "bf16", "f16")) -> argparse.ArgumentParser:
-    """The options every bench script shares; scripts may add their own before parsing."""
+def make_parser(description: str, default_dtypes: Sequence[str] = ("f32", "bf16", "f16"),
+                cpu_dtypes: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The options every bench script shares; scripts may add their own before parsing. Without --dtypes, the
+    CPU measures cpu_dtypes where given (default_dtypes otherwise)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument(
         "--device",
@@ -76,11 +78,12 @@ def make_parser(description: str, default_dtypes: Sequence[str] = ("f32", "bf16"
         help="where to run (default: cuda if available)",
     )
     p.add_argument("--quick", action="store_true", help="small sizes only: a smoke run that finishes fast")
+    on_cpu = f"; on the CPU: {','.join(cpu_dtypes)}" if cpu_dtypes else ""
     p.add_argument(
         "--dtypes",
-        default=",".join(default_dtypes),
-        help=f"comma-separated subset of {','.join(DTYPES)} (default: %(default)s)",
+        help=f"comma-separated subset of {','.join(DTYPES)} (default: {','.join(default_dtypes)}{on_cpu})",
     )
+    p.set_defaults(device_dtypes={"cuda": ",".join(default_dtypes), "cpu": ",".join(cpu_dtypes or default_dtypes)})
     p.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where JSON/PNG go (default: %(default)s)")
     p.add_argument(
         "--threads",
@@ -94,7 +97,9 @@ def make_parser(description: str, default_dtypes: Sequence[str] = ("f32", "bf16"
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and validate: resolves ``args.dtypes`` to a list of torch dtypes."""
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.dtypes.split(",") if n.strip()]
+    given = args.dtypes if args.dtypes is not None else args.device_dtypes[args.device]
+    del args.device_dtypes
+    names = [n.strip() for n in given.split(",") if n.strip()]
     unknown = [n for n in names if n not in DTYPES]
     if unknown or not names:
         parser.error(f"--dtypes: unknown {unknown}, choose from {list(DTYPES)}")
@@ -324,6 +329,18 @@ def free_memory(device: str) -> None:
     if device == "cuda":
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def peak_cuda_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """How far the CUDA allocator's peak rose above what was allocated before fn() ran, and fn's result (drop it
+    before measuring again)."""
+    free_memory("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, result
 
 
 # ----------------------------------------------------------------------------------------------- inputs
@@ -727,6 +744,7 @@ class Bench:
     description: str = ""  # --help's text; default: the first paragraph of the module that defines run
     largest_operand: Callable[[argparse.Namespace], int] = lambda args: 0
     default_dtypes: Sequence[str] = ("f32", "bf16", "f16")
+    cpu_dtypes: Sequence[str] | None = None  # the CPU's dtypes without --dtypes (default: default_dtypes)
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     check_arguments: Callable[[argparse.ArgumentParser, argparse.Namespace], None] | None = None
     summarize: Callable[[Sequence[Result], argparse.Namespace, Context], str] | None = None
@@ -765,7 +783,7 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
     """
     name = bench.name or bench.op
     description = bench.description or (sys.modules[bench.run.__module__].__doc__ or "").split("\n\n")[0]
-    parser = make_parser(description, bench.default_dtypes)
+    parser = make_parser(description, bench.default_dtypes, bench.cpu_dtypes)
     parser.add_argument("--no-bars", action="store_true", help="measure only; do not check benchmarks/bars.py")
     if bench.more_ops:
         parser.add_argument("--ops", default=",".join(bench.ops),

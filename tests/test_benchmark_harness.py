@@ -68,6 +68,15 @@ def test_cuda_times_interleave_rounds_and_take_the_median(monkeypatch):
     assert calls == [("a", 3), ("b", 3)] * 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA allocator statistics")
+def test_peak_cuda_bytes_counts_what_the_call_allocated_beyond_what_was_there():
+    resident = torch.empty(1 << 22, device="cuda")  # 16 MiB allocated before the call: not counted
+    peak, result = H.peak_cuda_bytes(lambda: torch.ones(1 << 20, device="cuda"))  # 4 MiB
+    assert (4 << 20) <= peak < (5 << 20)
+    assert result.shape == (1 << 20,)
+    del resident
+
+
 def test_single_function_cpu_time_goes_through_the_same_timer(clock):
     def fn():
         clock.now += 0.002
