@@ -149,19 +149,18 @@ def _cos_sin(b: int, s: int, rot: int, interleaved: bool, layout: str, dtype: to
     return random_tensor((b, s, rot), dtype, device), random_tensor((b, s, rot), dtype, device)
 
 
-def _rotary_args(device: str, dtype: torch.dtype, requires_grad: bool):
-    for b, hq, hk, s, d, rot, u, inter, cb, layout, cos_layout in _CASES:
-        q = _grad(_heads_tensor(b, hq, s, d, u, layout, dtype, device), requires_grad)
-        k = _grad(_heads_tensor(b, hk, s, d, u, layout, dtype, device), requires_grad)
-        cos, sin = _cos_sin(b if cb == "b" else 1, s, rot, inter, cos_layout, dtype, device)
-        desc = (f"b={b} heads={hq}/{hk} seq={s} head_dim={d} rot={rot} unsqueeze_dim={u} interleaved={inter} "
-                f"cos batch {cb}, {layout} q/k, {cos_layout} cos")
-        yield q, k, cos, sin, u, inter, desc
+def _rotary_case(case: tuple, device: str, dtype: torch.dtype, requires_grad: bool) -> Sample:
+    """One row of _CASES as rotary_embedding's sample (q, k, cos, sin, unsqueeze_dim, interleaved)."""
+    b, hq, hk, s, d, rot, u, inter, cb, layout, cos_layout = case
+    q = _grad(_heads_tensor(b, hq, s, d, u, layout, dtype, device), requires_grad)
+    k = _grad(_heads_tensor(b, hk, s, d, u, layout, dtype, device), requires_grad)
+    cos, sin = _cos_sin(b if cb == "b" else 1, s, rot, inter, cos_layout, dtype, device)
+    return Sample((q, k, cos, sin, u, inter), desc=f"b={b} heads={hq}/{hk} seq={s} head_dim={d} rot={rot} "
+                  f"unsqueeze_dim={u} interleaved={inter} cos batch {cb}, {layout} q/k, {cos_layout} cos")
 
 
 def rotary_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
-    samples = [Sample((q, k, cos, sin, u, inter), desc=desc)
-               for q, k, cos, sin, u, inter, desc in _rotary_args(device, dtype, requires_grad)]
+    samples = [_rotary_case(case, device, dtype, requires_grad) for case in _CASES]
     q = _grad(_heads_tensor(2, 2, 3, 8, 1, "hf", dtype, device), requires_grad)
     k = _grad(_heads_tensor(2, 2, 3, 8, 1, "hf", dtype, device), requires_grad)
     cos, sin = _cos_sin(1, 3, 8, False, "contiguous", dtype, device)
@@ -253,9 +252,10 @@ def _weight(kind: str, n: int, dtype: torch.dtype, device: str, requires_grad: b
 
 
 def _qk_norm_args(device: str, dtype: torch.dtype, requires_grad: bool):
-    rotary = list(_rotary_args(device, dtype, requires_grad))
     for case, kind, eps, offset in _NORM_CASES:
-        q, k, cos, sin, u, inter, desc = rotary[case]
+        rotary = _rotary_case(_CASES[case], device, dtype, requires_grad)
+        q, k, cos, sin, u, inter = rotary.args
+        desc = rotary.desc
         qw = _weight(kind, q.shape[-1], dtype, device, requires_grad)
         kw = _weight(kind, k.shape[-1], dtype, device, requires_grad)
         yield q, k, qw, kw, cos, sin, eps, offset, u, inter, f"{desc}, weights {kind}, eps={eps}, weight_offset={offset}"
@@ -447,51 +447,18 @@ def qk_norm_rope_backward_errors(device: str) -> list[ErrorInput]:
 # gradchecks (first and second order), opcheck with gradients and compiled backward over these same samples.
 
 OPS: list[OpInfo] = [
-    OpInfo(
-        name="rotary_embedding",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=rotary_samples,
-        reference=rotary_reference,
-        error_inputs=rotary_errors,
-        sized_inputs=rotary_sized,
-        differentiable=False,  # in q and k (and weights) only: see above
-    ),
-    OpInfo(
-        name="_rotary_embedding_backward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=rotary_backward_samples,
-        reference=rotary_backward_reference,
-        error_inputs=rotary_backward_errors,
-        sized_inputs=rotary_sized,
-        differentiable=False,  # in q and k (and weights) only: see above
-    ),
-    OpInfo(
-        name="rotary_embedding_",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=rotary_inplace_samples,
-        reference=rotary_inplace_reference,
-        error_inputs=rotary_inplace_errors,
-        sized_inputs=rotary_inplace_sized,
-        differentiable=False,  # inference only: its Autograd kernel refuses inputs that require grad
-        mutated_arg=1,  # query (key too: tests/test_rotary_embedding.py)
-    ),
-    OpInfo(
-        name="qk_norm_rope",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=qk_norm_rope_samples,
-        reference=qk_norm_rope_reference,
-        error_inputs=qk_norm_rope_errors,
-        sized_inputs=qk_norm_rope_sized,
-        differentiable=False,  # in q and k (and weights) only: see above
-    ),
-    OpInfo(
-        name="_qk_norm_rope_backward",
-        dtypes=FLOAT_DTYPES,
-        sample_inputs=qk_norm_rope_backward_samples,
-        reference=qk_norm_rope_backward_reference,
-        error_inputs=qk_norm_rope_backward_errors,
-        sized_inputs=qk_norm_rope_backward_sized,
-        differentiable=False,  # double backward is refused by its Autograd kernel
-        output_dtypes=qk_norm_rope_backward_dtypes,
-    ),
+    OpInfo("rotary_embedding", FLOAT_DTYPES, rotary_samples, rotary_reference, rotary_errors, rotary_sized,
+           differentiable=False),  # in q and k (and weights) only: see above
+    OpInfo("_rotary_embedding_backward", FLOAT_DTYPES, rotary_backward_samples, rotary_backward_reference,
+           rotary_backward_errors, rotary_sized, differentiable=False),
+    # inference only: its Autograd kernel refuses inputs that require grad; query is written (key too:
+    # tests/test_rotary_embedding.py)
+    OpInfo("rotary_embedding_", FLOAT_DTYPES, rotary_inplace_samples, rotary_inplace_reference,
+           rotary_inplace_errors, rotary_inplace_sized, differentiable=False, mutated_arg=1),
+    OpInfo("qk_norm_rope", FLOAT_DTYPES, qk_norm_rope_samples, qk_norm_rope_reference, qk_norm_rope_errors,
+           qk_norm_rope_sized, differentiable=False),
+    # double backward is refused by its Autograd kernel
+    OpInfo("_qk_norm_rope_backward", FLOAT_DTYPES, qk_norm_rope_backward_samples, qk_norm_rope_backward_reference,
+           qk_norm_rope_backward_errors, qk_norm_rope_backward_sized, differentiable=False,
+           output_dtypes=qk_norm_rope_backward_dtypes),
 ]
