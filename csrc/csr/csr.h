@@ -194,9 +194,6 @@ struct CsrBackend {
                                                             bool dense_grad);
   // out (nnz x H).
   static at::Tensor sddmm(const char* op, const SddmmOperands& s, SddmmOp kind);
-  // CUDA only: grad_values[p, h] = sum over d of g[i, h, d] * b[col[p], h, d] where sel[i, h, d] == p, the
-  // values gradient of a max / min (sel its arg), (nnz, H), in the accumulation dtype (f32 for 16-bit).
-  static at::Tensor masked_sddmm(const SddmmOperands& s, const at::Tensor& sel);
   static at::Tensor softmax(const char* op, const at::Tensor& crow, const at::Tensor& values);
   // The softmax recomputed from values.
   static at::Tensor softmax_backward(const char* op, const at::Tensor& crow, const at::Tensor& grad_out,

@@ -31,6 +31,11 @@ namespace torchops {
 // engine reads the indices on the host (no synchronisation); each stays in bounds on malformed ones.
 using CudaCsrBackend = CsrBackend<c10::DeviceType::CUDA>;
 
+// grad_values[p, h] = sum over d of g[i, h, d] * b[col[p], h, d] where sel[i, h, d] == p: the values gradient of
+// a max / min (sel its arg), (nnz, H), in the accumulation dtype (f32 for 16-bit). In csr_spmm_backward.cu, for
+// csr_spmm.cu's select_backward.
+at::Tensor masked_sddmm_cuda(const SddmmOperands& s, const at::Tensor& sel);
+
 namespace cuda {
 
 // What every merge-path kernel reads of its CSR matrix and partition; a kernel's arguments derive from it.

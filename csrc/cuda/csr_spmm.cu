@@ -514,7 +514,7 @@ std::tuple<at::Tensor, at::Tensor> CudaCsrBackend::select_backward(const char* /
     m.b_head_stride = s.dense_head_stride;
     // (nnz, H) in opmath: the heads of 1-D values are summed before the one rounding to the dtype (a
     // rounding per head, then the sum's, can miss a 16-bit result by several ulps where the heads cancel).
-    at::Tensor per_head = masked_sddmm(m, arg);
+    at::Tensor per_head = masked_sddmm_cuda(m, arg);
     grad_values = (s.values.dim() == 2 ? per_head : per_head.sum(-1)).to(grad_out.scalar_type());
   }
   if (dense_grad) {

@@ -266,8 +266,7 @@ at::Tensor CudaCsrBackend::sddmm(const char* /*op*/, const SddmmOperands& s, Sdd
   return sddmm_into(s, kind, at::Tensor()).view(s.out_sizes);
 }
 
-template <>
-at::Tensor CudaCsrBackend::masked_sddmm(const SddmmOperands& s, const at::Tensor& sel) {
+at::Tensor masked_sddmm_cuda(const SddmmOperands& s, const at::Tensor& sel) {
   return sddmm_into(s, SddmmOp::kDot, sel.contiguous(), /*opmath=*/true);
 }
 
