@@ -173,6 +173,20 @@ def test_values_gradient_sums_the_heads_before_rounding(device: str, dtype: torc
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_mean_gradient_rounds_once_where_the_rows_cancel(device: str, dtype: torch.dtype) -> None:
+    # dense's one row is gathered three times by row 0 (length 3) and once by row 1, so its gradient is
+    # 3 * (g0 / 3) + g1 = g0 + g1 exactly: 1 (f16) or 8 (bf16). g0 / 3 rounded to the 16-bit dtype before the
+    # product (every device's mean backward once did; the property suite's long profile found it) gives 0.75 or 10.
+    g0, g1 = {torch.float16: (1000.0, -999.0), torch.bfloat16: (1000.0, -992.0)}[dtype]
+    crow, col = _csr_indices([[0, 0, 0], [0]], torch.int64, device)
+    dense = torch.ones(1, 1, dtype=dtype, device=device, requires_grad=True)
+    out = torchops.spmm_reduce(crow, col, None, dense, "mean")
+    out.backward(torch.tensor([[g0], [g1]], dtype=dtype, device=device))
+    assert dense.grad.item() == g0 + g1
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_nan_is_selected_over_every_number(device: str) -> None:
     crow = torch.tensor([0, 3], device=device)
     col = torch.tensor([0, 1, 2], device=device)

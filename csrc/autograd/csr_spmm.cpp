@@ -30,6 +30,7 @@
 
 #include "../core/autograd_node.h"
 #include "../core/autograd_utils.h"
+#include "../core/dispatch.h"
 #include "../csr/csr.h"
 #include "../csr/csr_autograd.h"
 
@@ -47,14 +48,13 @@ const OpRef<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, TensorRef, 
                                                OptRef, OptRef, bool, bool)>
     spmm_reduce_backward_op{"myns::_spmm_reduce_backward"};
 
-// grad_out divided by each row's length (at least 1), in grad_out's dtype (the division in f32 at least).
+// grad_out (float32 or float64) divided by each row's length (at least 1).
 at::Tensor per_row_mean(const at::Tensor& crow, const at::Tensor& g) {
   const int64_t M = crow.size(0) - 1;
   at::Tensor lengths = (crow.slice(0, 1) - crow.slice(0, 0, M)).clamp_min(1);
   std::vector<int64_t> shape(g.dim(), 1);
   shape[0] = M;
-  const auto wide = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  return (g / lengths.to(wide).view(shape)).to(g.scalar_type());  // the division in `wide` by promotion
+  return g / lengths.to(g.scalar_type()).view(shape);
 }
 
 // Saved: crow, col, values, dense, arg, t_crow, t_col, t_perm (values, arg and the transpose may be undefined).
@@ -72,15 +72,25 @@ variable_list spmm_backward_formula(const BackwardContext& ctx, const variable_l
         values_grad, dense_grad);
     return {values_grad ? grad_values : at::Tensor(), dense_grad ? grad_dense : at::Tensor()};
   }
-  const at::Tensor scaled = reduce == Reduce::kMean ? per_row_mean(crow, g) : g;
+  // mean of a 16-bit gradient: g / length rounded to 16 bits would round every term of the products below, an
+  // error relative to the terms instead of the result (it showed where they cancel), so the products run in
+  // float32 and their results are rounded once.
+  const bool widen = reduce == Reduce::kMean && is_16bit_float_dtype(g.scalar_type());
+  const auto wide = [&](const at::Tensor& t) { return widen && t.defined() ? t.to(at::kFloat) : t; };
+  const at::Tensor scaled = reduce == Reduce::kMean ? per_row_mean(crow, wide(g)) : g;
   if (values_grad) {
     // One value for every head: the dot over heads and features at once, so a 16-bit gradient is rounded once
     // (per head, then summed, missed the float64 one by several ulps where the heads cancel).
     const bool shared = values.dim() == 1 && dense.dim() == 3;
-    grad_values = shared ? sddmm_op().call(crow, col, scaled.flatten(1), dense.flatten(1), "dot")
-                         : sddmm_op().call(crow, col, scaled, dense, "dot");
+    const at::Tensor d = wide(dense);
+    grad_values = (shared ? sddmm_op().call(crow, col, scaled.flatten(1), d.flatten(1), "dot")
+                          : sddmm_op().call(crow, col, scaled, d, "dot"))
+                      .to(values.scalar_type());
   }
-  if (dense_grad) grad_dense = transposed_sum(crow, col, values, scaled, dense.sym_size(0), saved[5], saved[6], saved[7]);
+  if (dense_grad) {
+    grad_dense = transposed_sum(crow, col, wide(values), scaled, dense.sym_size(0), saved[5], saved[6], saved[7])
+                     .to(dense.scalar_type());
+  }
   return {grad_values, grad_dense};
 }
 
