@@ -142,7 +142,8 @@ note "tests: $(tail -1 "$OUT/tests.log") (rc $rc, $(( $(date +%s) - t0 )) s)"
 # ---- the property suite's long profile (the README's deeper run), CPU and CUDA samples alike
 if [ $DEEP -eq 1 ]; then
   t0=$(date +%s)
-  HYPOTHESIS_PROFILE=long eval "$PY -m pytest tests/test_properties.py $XDIST -q -rfE" >"$OUT/deep.log" 2>&1
+  HYPOTHESIS_PROFILE=long eval "$PY -m pytest tests/test_properties.py tests/test_linear_cross_entropy.py \
+    tests/test_rotary_embedding.py -k 'test_properties or test_property' $XDIST -q -rfE" >"$OUT/deep.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1 && grep -E "^(FAILED|ERROR)" "$OUT/deep.log" | head -10
   note "deep: $(tail -1 "$OUT/deep.log") (rc $rc, $(( $(date +%s) - t0 )) s)"

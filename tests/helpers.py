@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from torchops._meta_kernels import _checks
 
@@ -169,3 +170,20 @@ def called_ops(graph_module: torch.fx.GraphModule) -> str:
     """The targets of a graph's call_function nodes, one per line, in order: what an exported or compiled
     graph runs. Node targets rather than generated code, whose formatting changes between torch releases."""
     return "\n".join(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
+
+
+# The property tests' profiles, chosen by HYPOTHESIS_PROFILE when this module is first imported (by every property
+# test module, and by the subprocesses of test_properties.py): "ci", the default, derandomized (every run draws
+# the same examples) and bounded; "long", 3000 examples a property from a fresh seed each run, the deeper search
+# of the README's testing section. property_examples sizes each property under "ci".
+_PROFILE_COMMON = dict(deadline=None, database=None, print_blob=True,
+                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                              HealthCheck.filter_too_much])
+settings.register_profile("ci", max_examples=60, derandomize=True, **_PROFILE_COMMON)
+settings.register_profile("long", max_examples=3000, derandomize=False, **_PROFILE_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def property_examples(ci: int) -> int:
+    """A property's example count: `ci` under the default profile, the loaded profile's (long: 3000) otherwise."""
+    return ci if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else settings.default.max_examples

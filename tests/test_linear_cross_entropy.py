@@ -16,22 +16,17 @@ issue asks for at an LLM head's shape.
 from __future__ import annotations
 
 import math
-import os
 import re
 
 import pytest
 import torch
 import torch._dynamo.testing
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchops
-from helpers import HALF_DTYPES, HAS_CUDA, INT_DTYPES, needs_gpu_memory, random_tensor, requires_cuda
-
-settings.register_profile("lce_ci", max_examples=40, derandomize=True, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-_PROFILE = "lce_ci" if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else os.environ["HYPOTHESIS_PROFILE"]
+from helpers import HALF_DTYPES, INT_DTYPES, needs_gpu_memory, property_examples, random_tensor, requires_cuda
 
 REDUCTIONS = ("mean", "sum", "none")
 HAS_TORCH_LCE = hasattr(F, "linear_cross_entropy")
@@ -353,7 +348,7 @@ def valid_calls(draw):
         draw(st.booleans()), draw(st.sampled_from([None, 1, 3])), kw
 
 
-@settings(settings.get_profile(_PROFILE))
+@settings(max_examples=property_examples(40))
 @given(valid_calls())
 def test_property_valid_calls_match_the_definition(call):
     tokens, h, v, t, bias, chunk, kw = call
@@ -413,7 +408,7 @@ def bad_calls(draw):
                       label_smoothing=draw(st.sampled_from([-0.1, 1.5, math.nan]))), "label_smoothing"
 
 
-@settings(settings.get_profile(_PROFILE))
+@settings(max_examples=property_examples(40))
 @given(bad_calls())
 def test_property_bad_inputs_raise_naming_op_and_argument(call):
     from torch._subclasses.fake_tensor import FakeTensorMode

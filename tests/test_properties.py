@@ -14,11 +14,12 @@ What is drawn:
 Properties that could crash the interpreter (malformed CSR read by the CPU kernels, out= with overlap or math
 bits) run in a fresh interpreter (helpers.run_python), so a crash is a failed exit status, not a dead run.
 
-Profiles (HYPOTHESIS_PROFILE, read when this module is imported):
+Profiles (HYPOTHESIS_PROFILE, registered in helpers.py):
 - ``ci`` (the default): derandomized (a fixed seed: every run draws the same examples), a bounded number of
   examples per property; the whole file takes well under two minutes on two cores.
 - ``long``: many more examples, from a fresh random seed each run, for a deeper search:
-  ``HYPOTHESIS_PROFILE=long python -m pytest tests/test_properties.py -n 0``. A failure prints the
+  ``HYPOTHESIS_PROFILE=long python -m pytest tests/test_properties.py -n 0`` (the README's command adds the
+  loss's and the rotary ops' properties, which follow the same profiles). A failure prints the
   ``@reproduce_failure`` blob and the falsifying example; add it as an explicit test.
 """
 
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -41,11 +42,6 @@ from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, INT_DTYPES, TOLERANCES,
                      assert_close_to_sum, exact_gelu, run_python, ulp)
 from op_db import upcast
 
-_COMMON = dict(deadline=None, database=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
-settings.register_profile("ci", max_examples=60, derandomize=True, **_COMMON)
-settings.register_profile("long", max_examples=3000, derandomize=False, **_COMMON)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 MYNS = torch.ops.myns
 HAS_ADD_RMS_NORM = hasattr(MYNS, "add_rms_norm")

@@ -19,19 +19,18 @@
 from __future__ import annotations
 
 import inspect
-import os
 import re
 
 import pytest
 import torch
 import torch._dynamo.testing
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
 
 import torchops
-from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, HAS_CUDA, TOLERANCES, assert_close_to_reference,
-                     needs_gpu_memory, random_tensor, requires_cuda, run_python)
+from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, TOLERANCES, assert_close_to_reference, needs_gpu_memory,
+                     property_examples, random_tensor, requires_cuda, run_python)
 from torchops._meta_kernels import _checks
 from op_db import OPS_BY_NAME, upcast
 from op_db.rotary import (qk_norm_rope_reference, rotary_reference, rotate_half, rotate_every_two,
@@ -508,8 +507,7 @@ def test_qk_norm_rope_weight_gradients_are_deterministic(device, dtype, weight_d
 
 
 # ------------------------------------------------------------------------------------------- properties
-_PROPERTY = settings(max_examples=int(os.environ.get("ROTARY_PROPERTY_EXAMPLES", "40")), deadline=None,
-                     derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_PROPERTY = settings(max_examples=property_examples(40))
 
 
 @st.composite
