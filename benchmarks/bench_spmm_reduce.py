@@ -21,7 +21,7 @@ the bars that name it report NO DATA). torch_geometric is imported only when ins
 report NO DATA otherwise, with the import error). A memory check that fails, like a wrong result, fails the
 run. Peak memory beyond inputs and outputs allowed to torchops' fwd+bwd: M x N in the dtype and M x N indices
 (max/min's selected positions) plus 64 bytes per nonzero (the transpose, weights in its order, per-edge
-gradients) and 64 H.MiB of scratch, always far below one nnz x N tensor.
+gradients) and 64 MiB of scratch, always far below one nnz x N tensor.
 
     python -m benchmarks.bench_spmm_reduce [--device cuda|cpu] [--quick] [--dtypes f32,bf16] [--graphs ...]
                                            [--ops spmm_reduce,sddmm,csr_softmax,gat_layer]
@@ -211,7 +211,7 @@ def bench_reduce_fwd_bwd(args, ctx: H.Context, g: Graph, values: torch.Tensor, d
         extra = peak_extra_bytes(ours, dev) - (g.nnz + g.m * n) * dtype.itemsize  # less the gradients
         if extra > allowed_extra_bytes(g, n, dtype):
             ctx.fail(f"{g.spec.name} {reduce} N={n} {H.DTYPE_NAMES[dtype]}: torchops' fwd+bwd held {extra / H.MiB:.0f} "
-                     f"H.MiB beyond inputs and outputs, over {allowed_extra_bytes(g, n, dtype) / H.MiB:.0f} H.MiB")
+                     f"MiB beyond inputs and outputs, over {allowed_extra_bytes(g, n, dtype) / H.MiB:.0f} MiB")
         times = H.time_all_ms({SCATTER: theirs, IMPL: ours}, dev, quick=args.quick)
         yield from result_rows(OP, f"{g.spec.name} {reduce} fwd+bwd", dtype, f"N={n}", g.nnz * n, dev, SCATTER, times,
                                {IMPL: {"peak_extra_mib": extra / H.MiB}})
@@ -305,8 +305,8 @@ def bench_gat(args, ctx: H.Context, g: Graph, dtype: torch.dtype, pyg: Any, why:
             check_forward(a, b.view(a.shape), f"{g.spec.name} GAT gradients")
     mem_ours, mem_pyg = peak_extra_bytes(fn_ours, dev), peak_extra_bytes(fn_pyg, dev)
     if dev == "cuda" and mem_ours > 0.5 * mem_pyg:
-        ctx.fail(f"{g.spec.name} GAT {H.DTYPE_NAMES[dtype]}: torchops' peak {mem_ours / H.MiB:.0f} H.MiB is over half of "
-                 f"GATConv's {mem_pyg / H.MiB:.0f} H.MiB")
+        ctx.fail(f"{g.spec.name} GAT {H.DTYPE_NAMES[dtype]}: torchops' peak {mem_ours / H.MiB:.0f} MiB is over half of "
+                 f"GATConv's {mem_pyg / H.MiB:.0f} MiB")
     times = H.time_all_ms({PYG_GAT: fn_pyg, IMPL: fn_ours}, dev, quick=args.quick)
     yield from result_rows("gat_layer", f"{g.spec.name} gat fwd+bwd", dtype, f"{GAT_IN}->{HEADS}x{HEAD_FEATURES}",
                            g.nnz * HEADS * HEAD_FEATURES, dev, PYG_GAT, times,

@@ -48,13 +48,14 @@ const OpRef<std::tuple<at::Tensor, at::Tensor>(TensorRef, TensorRef, TensorRef, 
                                                OptRef, OptRef, bool, bool)>
     spmm_reduce_backward_op{"myns::_spmm_reduce_backward"};
 
-// grad_out (float32 or float64) divided by each row's length (at least 1).
+// grad_out divided by each row's length (at least 1), in one pass into float32 (float64 for float64) by promotion.
 at::Tensor per_row_mean(const at::Tensor& crow, const at::Tensor& g) {
   const int64_t M = crow.size(0) - 1;
   at::Tensor lengths = (crow.slice(0, 1) - crow.slice(0, 0, M)).clamp_min(1);
   std::vector<int64_t> shape(g.dim(), 1);
   shape[0] = M;
-  return g / lengths.to(g.scalar_type()).view(shape);
+  const auto wide = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return g / lengths.to(wide).view(shape);
 }
 
 // Saved: crow, col, values, dense, arg, t_crow, t_col, t_perm (values, arg and the transpose may be undefined).
@@ -73,11 +74,11 @@ variable_list spmm_backward_formula(const BackwardContext& ctx, const variable_l
     return {values_grad ? grad_values : at::Tensor(), dense_grad ? grad_dense : at::Tensor()};
   }
   // mean of a 16-bit gradient: g / length rounded to 16 bits would round every term of the products below, an
-  // error relative to the terms instead of the result (it showed where they cancel), so the products run in
-  // float32 and their results are rounded once.
+  // error relative to the terms instead of the result (it showed where they cancel), so g / length stays float32
+  // and the products run in float32, their results rounded once.
   const bool widen = reduce == Reduce::kMean && is_16bit_float_dtype(g.scalar_type());
   const auto wide = [&](const at::Tensor& t) { return widen && t.defined() ? t.to(at::kFloat) : t; };
-  const at::Tensor scaled = reduce == Reduce::kMean ? per_row_mean(crow, wide(g)) : g;
+  const at::Tensor scaled = reduce == Reduce::kMean ? per_row_mean(crow, g) : g;
   if (values_grad) {
     // One value for every head: the dot over heads and features at once, so a 16-bit gradient is rounded once
     // (per head, then summed, missed the float64 one by several ulps where the heads cancel).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <limits>
 
 #include "../core/dispatch.h"
@@ -149,7 +150,7 @@ constexpr const char* kReduceNames[] = {"sum", "mean", "max", "min"};  // in Red
 }  // namespace
 
 Reduce parse_reduce(const char* op, c10::string_view reduce) {
-  for (int r = 0; r < 4; ++r) {
+  for (size_t r = 0; r < std::size(kReduceNames); ++r) {
     if (reduce == kReduceNames[r]) return static_cast<Reduce>(r);
   }
   TORCHOPS_CHECK(false, op, "reduce must be 'sum', 'mean', 'max' or 'min', got '", reduce, "'");

@@ -16,7 +16,6 @@ namespace torchops {
 
 template <CrossEntropyRowsKernel kRows>
 struct LossOps {
-
   static CrossEntropyOptions options(int64_t ignore_index, double label_smoothing, std::optional<double> softcap) {
     return CrossEntropyOptions{ignore_index, label_smoothing, softcap};
   }

@@ -23,7 +23,6 @@ namespace torchops {
 
 template <typename Backend>
 struct NormOps {
-
   // A per-row statistic: input.shape[:-1], the stat dtype.
   static at::Tensor empty_stat(const at::Tensor& input) {
     return Backend::empty(input.sizes().slice(0, input.dim() - 1), norm_stat_dtype(input.scalar_type()), input);

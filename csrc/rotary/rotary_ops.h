@@ -23,7 +23,6 @@ namespace torchops {
 
 template <typename Backend>
 struct RotaryOps {
-
   // The rotation of q and k (named as the op names them) into new dense outputs.
   static RotaryCall rotation(const char* op, NamedTensor q, NamedTensor k, const at::Tensor& cos,
                              const at::Tensor& sin, int64_t unsqueeze_dim, bool interleaved, bool transposed) {
