@@ -203,8 +203,11 @@ def bench_reduce_fwd_bwd(args, ctx: H.Context, g: Graph, values: torch.Tensor, d
         ours = fwd_bwd(lambda: torchops.spmm_reduce(g.crow, g.col, v, d, reduce), (v, d), grad)
         theirs = fwd_bwd(lambda: scatter_path(g, v, d, reduce), (v, d), grad)
         if dtype == torch.float32:  # the same math: compare (bf16 rounds the peer's scattered sums)
-            with torch.no_grad():
-                want = theirs() if reduce == "mean" else first_position_grads(g, v, d, grad, reduce)
+            if reduce == "mean":
+                want = theirs()  # autograd.grad: under no_grad its forward would have no graph
+            else:
+                with torch.no_grad():
+                    want = first_position_grads(g, v, d, grad, reduce)
             for name, a, b in zip(("values", "dense"), ours(), want):
                 check_forward(a, b, f"{g.spec.name} {reduce} N={n} grad of {name}")
             del want

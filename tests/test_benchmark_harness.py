@@ -440,3 +440,27 @@ def test_a_grid_of_equal_sized_shapes_is_plotted_by_shape(tmp_path):
         plt.close = real_close
     assert (tmp_path / "grid.png").stat().st_size > 0
     assert [t.get_text() for t in axes_seen[0].get_xticklabels()] == ["64x16384", "256x4096", "1024x1024"]
+
+
+def test_the_message_passing_gpu_sections_check_and_time_on_a_small_cpu_graph(monkeypatch):
+    """bench_spmm_reduce's fwd+bwd sections run on the GPU only (their bars are the H200's), so a slip in their
+    checking code would first show up there: run each on a small CPU graph, results checked for real."""
+    import argparse
+
+    pytest.importorskip("torchops")
+    from benchmarks import bench_spmm_reduce as B
+    from benchmarks.bench_csr_spmm import GraphSpec
+
+    monkeypatch.setattr(H, "time_all_ms", lambda fns, device, quick=False: {name: 1.0 for name in fns})
+    g = B.Graph(GraphSpec("small", 300, 2_000, 60), "cpu")
+    args = argparse.Namespace(device="cpu", quick=True)
+    ctx = H.Context(device="cpu", quick=True)
+    pyg, why = B.import_torch_geometric()
+    values = torch.randn(g.nnz, dtype=torch.float32)
+    dense = torch.randn(g.m, 16, dtype=torch.float32)
+    rows = [*B.bench_reduce_fwd_bwd(args, ctx, g, values, dense), *B.bench_sddmm(args, ctx, g, torch.float32),
+            *B.bench_softmax(args, ctx, g, torch.float32, pyg, why), *B.bench_gat(args, ctx, g, torch.float32, pyg, why)]
+    assert ctx.failures == []
+    cases = {r.case for r in rows if r.impl == "torchops"}
+    assert {"small mean fwd+bwd", "small max fwd+bwd", "small sddmm fwd+bwd", "small softmax fwd+bwd"} <= cases
+    assert ("small gat fwd+bwd" in cases) == (pyg is not None)
