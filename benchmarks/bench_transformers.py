@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -90,6 +91,11 @@ class Trainee:
         return H.peak_cuda_bytes(self.step)[0] + _resident_bytes(self.model, self.opt)
 
 
+def stage(t0: float, what: str) -> None:
+    """A progress line with the seconds since t0 (a run cut short by a time limit then says where it stood)."""
+    print(f"  [{time.perf_counter() - t0:5.0f} s] {what}", file=sys.stderr, flush=True)
+
+
 def check_loss(name: str, loss: float, reference: float, dtype: torch.dtype) -> None:
     rtol = 1e-4 if dtype == torch.float32 else 2e-2
     assert abs(loss - reference) <= rtol * abs(reference), \
@@ -133,8 +139,10 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
     config = transformers.LlamaConfig(**config_kwargs, max_position_embeddings=max(seq, prompt_len + new_tokens),
                                       tie_word_embeddings=False, attn_implementation="sdpa")
     print(f"transformers {transformers.__version__}, LlamaForCausalLM {config_kwargs}, {dtype}", file=sys.stderr)
+    t0 = time.perf_counter()
     torch.manual_seed(0)
     base = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype)
+    stage(t0, "model built")
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=gen).to(device)
     labels = ids.clone()
@@ -155,9 +163,11 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
     for name, t in trainees.items():
         check_loss(name, t.loss(), reference, dtype)
         t.step()  # compiles, and makes the optimizer's state
+        stage(t0, f"{name}: first loss checked, first step run")
     times = H.time_all_ms({name: t.step for name, t in trainees.items()}, device, quick=args.quick)
     yield from _rows(HF_TRAIN, times, shape, numel, dtype, device)
     peaks = {name: t.peak_bytes() for name, t in trainees.items() if device == "cuda"}
+    stage(t0, "train steps timed")
 
     # Generation, eager: unpatched against patched, from the initial weights (the steps above may differ in count).
     prompt = torch.randint(0, config.vocab_size, (1, prompt_len), generator=gen).to(device)
@@ -177,6 +187,7 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
 
     gen_times = H.time_all_ms({name: generate(name) for name in (EAGER, IMPL)}, device, quick=args.quick)
     same = int((outputs[EAGER] == outputs[IMPL]).sum()) - prompt_len
+    stage(t0, "generation timed")
     print(f"generate: {same}/{new_tokens} new tokens equal between unpatched and patched", file=sys.stderr)
     yield from _rows(HF_GENERATE_CASE, gen_times, f"1x{prompt_len}+{new_tokens}", prompt_len + new_tokens, dtype,
                      device, extra=lambda impl, ms: {"tokens_per_s": new_tokens / (ms / 1e3),
@@ -199,6 +210,7 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
             trainees[LIGER].step()
             times = H.time_all_ms({name: t.step for name, t in trainees.items()}, device, quick=args.quick)
             yield from _rows(HF_TRAIN_VS_LIGER, times, shape, numel, dtype, device, baseline=LIGER)
+            stage(t0, "train steps beside Liger timed")
             if device == "cuda":
                 peaks[LIGER] = trainees[LIGER].peak_bytes()
     if peaks:
