@@ -188,8 +188,8 @@ names = sorted({n.split('::', 1)[1] for n in torch._C._dispatch_get_all_op_names
 print(' '.join(f'tests/test_{n}.py' for n in names if os.path.exists(f'tests/test_{n}.py')))")
   cuda_files=$(ls tests/test_*cuda*.py | tr '\n' ' ')
   note "sanitize: test files found: ${cuda_files}tests/test_ops.py ${op_files:-}"
-  only_ours=""
-  compute-sanitizer --help 2>&1 | grep -q -- "--kernel-name " && only_ours="--kernel-name kns=torchops"
+  only_ours="--kernel-name kns=torchops"  # where this sanitizer takes the filter (tried on a program with no GPU work)
+  compute-sanitizer --tool memcheck $only_ours true >/dev/null 2>&1 || only_ours=""
   for tool in memcheck racecheck; do
     t0=$(date +%s)
     if [ $tool = memcheck ]; then sel="$cuda_files tests/test_ops.py $op_files -k 'cuda and not graph and not pow_31 and not opcheck and not gradcheck and not second_gpu'"
