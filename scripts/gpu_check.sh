@@ -202,7 +202,7 @@ print(' '.join(f'tests/test_{n}.py' for n in names if os.path.exists(f'tests/tes
     reports=$(grep -cE "(ERROR|RACECHECK) SUMMARY" "$OUT/sanitize-$tool.log")
     flagged=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$OUT/sanitize-$tool.log" | grep -cvE "SUMMARY: 0 (errors|hazards)")
     { [ $rc -ne 0 ] || [ "$flagged" != 0 ]; } && status=1
-    note "sanitize $tool${only_ours:+ (torchops kernels)}: $reports process summaries, $flagged with errors | $(grep -E 'passed|failed' "$OUT/sanitize-$tool.log" | tail -1) (rc $rc, $(( $(date +%s) - t0 )) s)"
+    note "sanitize $tool${only_ours:+ (torchops kernels)}: $reports process summaries, $flagged with errors | $(grep -E 'passed|failed|skipped|no tests ran' "$OUT/sanitize-$tool.log" | tail -1) (rc $rc, $(( $(date +%s) - t0 )) s)"
   done
   unset PYTORCH_NO_CUDA_MEMORY_CACHING
 fi
