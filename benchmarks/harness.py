@@ -61,6 +61,8 @@ CPU_ROUND_S, CPU_ROUND_S_QUICK = 0.1, 0.025
 CUDA_ROUNDS = 3
 # The CPU timer's clock (warm-up deadline and timed blocks); tests replace it with a fake one.
 CLOCK: Callable[[], float] = time.perf_counter
+# --profile N: after time_all_ms has timed its functions, each one's N costliest kernels (torch.profiler) on stderr.
+PROFILE_ROWS = 0
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -188,6 +190,8 @@ def time_all_ms(fns: dict[str, Callable[[], Any]], device: str, *, quick: bool =
     took back while it lay free, and ran 3-4x slower than a loop's steady state for ~0.4 s, long enough to
     fill a whole measurement (docs/design-decisions.md, "CPU timer").
     """
+    if PROFILE_ROWS > 0:
+        print_profiles(fns, device, PROFILE_ROWS)
     if device == "cuda":
         rounds: dict[str, list[float]] = {name: [] for name in fns}
         for _ in range(CUDA_ROUNDS):
@@ -242,6 +246,24 @@ def raise_recompile_limit(limit: int = 1024) -> None:
 def synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def print_profiles(fns: dict[str, Callable[[], Any]], device: str, rows: int) -> None:
+    """Each function's `rows` costliest kernels (self time, device time on CUDA) over 3 calls after one warm-up
+    call, on stderr: where a missed bar's time goes, from the same run that measures it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for name, fn in fns.items():
+        fn()
+        synchronize(device)
+        with profile(activities=activities) as prof:
+            for _ in range(3):
+                fn()
+            synchronize(device)
+        key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+        print(f"profile of {name!r}, 3 calls:\n{prof.key_averages().table(sort_by=key, row_limit=rows)}",
+              file=sys.stderr, flush=True)
 
 
 def host_cost_us(
@@ -785,6 +807,8 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
     description = bench.description or (sys.modules[bench.run.__module__].__doc__ or "").split("\n\n")[0]
     parser = make_parser(description, bench.default_dtypes, bench.cpu_dtypes)
     parser.add_argument("--no-bars", action="store_true", help="measure only; do not check benchmarks/bars.py")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print each timed implementation's N costliest kernels (torch.profiler) on stderr")
     if bench.more_ops:
         parser.add_argument("--ops", default=",".join(bench.ops),
                             help="comma-separated subset of the ops to measure (default: %(default)s)")
@@ -800,6 +824,8 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
         args.ops = [bench.op]
     if bench.check_arguments is not None:
         bench.check_arguments(parser, args)
+    global PROFILE_ROWS
+    PROFILE_ROWS = args.profile
     try:
         import torchops  # noqa: F401
     except ImportError as e:

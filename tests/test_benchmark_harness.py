@@ -464,3 +464,25 @@ def test_the_message_passing_gpu_sections_check_and_time_on_a_small_cpu_graph(mo
     cases = {r.case for r in rows if r.impl == "torchops"}
     assert {"small mean fwd+bwd", "small max fwd+bwd", "small sddmm fwd+bwd", "small softmax fwd+bwd"} <= cases
     assert ("small gat fwd+bwd" in cases) == (pyg is not None)
+
+
+def test_profile_prints_each_timed_function_costliest_kernels(tmp_path, monkeypatch, capsys):
+    """--profile N: every function time_all_ms times gets a profiler table of its N costliest kernels on stderr
+    (here the CPU's ops: the toy's torch.add and torch.mul)."""
+    monkeypatch.setattr(H, "CPU_WARMUP_S", 0.0)
+    monkeypatch.setattr(H, "PROFILE_ROWS", 0)  # restored after the test, whatever main sets
+
+    def run(args, ctx):
+        x = torch.ones(64)
+        times = H.time_all_ms({"eager": lambda: torch.add(x, x), "torchops": lambda: torch.mul(x, x)}, "cpu",
+                              quick=True)
+        return [H.Result(op="toy", case="c", dtype="f32", shape="64", numel=64, impl=impl, device="cpu", ms=ms)
+                for impl, ms in times.items()]
+
+    bench = H.Bench(op="toy", description="toy", run=run)
+    argv = ["--device", "cpu", "--out-dir", str(tmp_path), "--no-bars", "--profile", "3"]
+    assert H.main(bench, argv) == 0
+    err = capsys.readouterr().err
+    assert "profile of 'eager', 3 calls" in err and "aten::add" in err
+    assert "profile of 'torchops', 3 calls" in err and "aten::mul" in err
+    assert H.PROFILE_ROWS == 3
