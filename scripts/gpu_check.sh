@@ -186,14 +186,14 @@ if [ $SANITIZE -eq 1 ]; then
 import os, torch, torchops
 names = sorted({n.split('::', 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith('myns::')})
 print(' '.join(f'tests/test_{n}.py' for n in names if os.path.exists(f'tests/test_{n}.py')))")
-  cuda_files=$(ls tests/test_*cuda*.py | tr '\n' ' ')
-  note "sanitize: test files found: ${cuda_files}tests/test_ops.py ${op_files:-}"
+  files="$(ls tests/test_*cuda*.py | tr '\n' ' ')tests/test_ops.py $op_files"
+  note "sanitize: test files found: $files"
   only_ours="--kernel-name kns=torchops"  # where this sanitizer takes the filter (tried on a program with no GPU work)
   compute-sanitizer --tool memcheck $only_ours true >/dev/null 2>&1 || only_ours=""
   for tool in memcheck racecheck; do
     t0=$(date +%s)
-    if [ $tool = memcheck ]; then sel="$cuda_files tests/test_ops.py $op_files -k 'cuda and not graph and not pow_31 and not opcheck and not gradcheck and not second_gpu'"
-    else sel="$cuda_files tests/test_ops.py $op_files -k 'cuda and (tiled or reference) and not pow_31'"; fi
+    if [ $tool = memcheck ]; then sel="$files -k 'cuda and not graph and not pow_31 and not opcheck and not gradcheck and not second_gpu'"
+    else sel="$files -k 'cuda and (tiled or reference) and not pow_31'"; fi
     eval "timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool $only_ours --target-processes all \
       --error-exitcode 3 --print-limit 20 $PY -m pytest $sel -q -p no:cacheprovider -n ${SANITIZE_WORKERS:-8}" \
       >"$OUT/sanitize-$tool.log" 2>&1

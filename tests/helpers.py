@@ -181,9 +181,10 @@ _PROFILE_COMMON = dict(deadline=None, database=None, print_blob=True,
                                               HealthCheck.filter_too_much])
 settings.register_profile("ci", max_examples=60, derandomize=True, **_PROFILE_COMMON)
 settings.register_profile("long", max_examples=3000, derandomize=False, **_PROFILE_COMMON)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+PROPERTY_PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROPERTY_PROFILE)
 
 
 def property_examples(ci: int) -> int:
     """A property's example count: `ci` under the default profile, the loaded profile's (long: 3000) otherwise."""
-    return ci if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else settings.default.max_examples
+    return ci if PROPERTY_PROFILE == "ci" else settings.default.max_examples
