@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import torch
 
+try:  # the newer name; older releases have it without the suffix
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as _non_overlapping_and_dense
+except ImportError:
+    from torch._prims_common import is_non_overlapping_and_dense as _non_overlapping_and_dense
+
 from ._checks import FLOAT_DTYPES, INT_DTYPES, check, dtype_in, same_device, same_dtype
 from .rms_norm import check_norm_param
 
@@ -59,18 +64,28 @@ def _check_gradient_of(op: str, like: tuple[str, torch.Tensor], grad: tuple[str,
     check(lt.shape == gt.shape, op, "same_shape", x=ln, y=gn, x_shape=list(lt.shape), y_shape=list(gt.shape))
 
 
+def _in_layout_of(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor in t's layout, as the kernels allocate outputs and gradients (csrc/rotary/rotary_ops.h
+    empty_in_layout_of): t's strides when they are a permutation of dense ones with the features last, else
+    contiguous."""
+    if (t.numel() != 0 and not t.is_contiguous() and _non_overlapping_and_dense(t)
+            and (t.shape[-1] <= 1 or t.stride(-1) == 1)):
+        return t.new_empty_strided(t.shape, t.stride())
+    return t.new_empty(t.shape)
+
+
 @torch.library.register_fake("myns::rotary_embedding")
 def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
                      interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     check_rotary("rotary_embedding", ("q", q), ("k", k), cos, sin, unsqueeze_dim)
-    return q.new_empty(q.shape), k.new_empty(k.shape)  # dense, like the real kernels' outputs
+    return _in_layout_of(q), _in_layout_of(k)
 
 
 @torch.library.register_fake("myns::_rotary_embedding_backward")
 def _rotary_embedding_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                                unsqueeze_dim: int = 1, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     check_rotary("_rotary_embedding_backward", ("grad_q", grad_q), ("grad_k", grad_k), cos, sin, unsqueeze_dim)
-    return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
+    return _in_layout_of(grad_q), _in_layout_of(grad_k)
 
 
 @torch.library.register_fake("myns::qk_norm_rope")
@@ -78,7 +93,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
                  sin: torch.Tensor, eps: float = 1e-6, weight_offset: float = 0.0, unsqueeze_dim: int = 1,
                  interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     check_qk_norm("qk_norm_rope", q, k, q_weight, k_weight, cos, sin, unsqueeze_dim)
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+    return _in_layout_of(q), _in_layout_of(k)
 
 
 @torch.library.register_fake("myns::_qk_norm_rope_backward")
@@ -94,12 +109,15 @@ def _qk_norm_rope_backward(grad_q_out: torch.Tensor | None, grad_k_out: torch.Te
     if grad_k_out is not None:
         _check_gradient_of(op, ("k", k), ("grad_k_out", grad_k_out))
 
-    def out(given: bool, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return q.new_empty(like.shape if given else (0,), dtype=dtype)
+    def weight_out(given: bool, weight: torch.Tensor) -> torch.Tensor:
+        return q.new_empty(weight.shape if given else (0,), dtype=weight.dtype)
+
+    def input_out(given: bool, x: torch.Tensor) -> torch.Tensor:
+        return _in_layout_of(x) if given else x.new_empty((0,))
 
     has_q, has_k = grad_q_out is not None, grad_k_out is not None
-    return (out(has_q and input_grad, q, q.dtype), out(has_k and input_grad, k, k.dtype),
-            out(has_q and weight_grad, q_weight, q_weight.dtype), out(has_k and weight_grad, k_weight, k_weight.dtype))
+    return (input_out(has_q and input_grad, q), input_out(has_k and input_grad, k),
+            weight_out(has_q and weight_grad, q_weight), weight_out(has_k and weight_grad, k_weight))
 
 
 def _check_cache_rows(op: str, x: tuple[str, torch.Tensor], tokens: int, head_size: int) -> None:

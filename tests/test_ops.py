@@ -35,11 +35,15 @@ def test_matches_float64_reference(info: OpInfo, dtype: torch.dtype, device: str
         result = info.op(*sample.args, **sample.kwargs)
         outputs = _outputs(info, sample.args, result)
         dtypes = info.output_dtypes(sample) if info.output_dtypes else (dtype,) * len(outputs)
-        for actual, exp, out_dtype in zip(outputs, expected, dtypes):
+        strides = info.output_strides(sample) if info.output_strides else (None,) * len(outputs)
+        for actual, exp, out_dtype, out_strides in zip(outputs, expected, dtypes, strides):
             assert actual.device.type == device and actual.dtype == out_dtype, sample.desc
             assert actual.shape == exp.shape, sample.desc
             if info.mutated_arg is None:
-                assert actual.is_contiguous(), f"{sample.desc}: output must be a new dense tensor"
+                if out_strides is None:
+                    assert actual.is_contiguous(), f"{sample.desc}: output must be a new contiguous tensor"
+                else:
+                    assert actual.stride() == out_strides, f"{sample.desc}: output strides {actual.stride()}"
             assert_close_to_reference(actual.cpu(), exp, msg=lambda m: f"{sample.desc}: {m}")
 
 

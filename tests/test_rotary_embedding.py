@@ -33,7 +33,7 @@ from helpers import (DEVICES, FLOAT_DTYPES, HALF_DTYPES, TOLERANCES, assert_clos
                      property_examples, random_tensor, requires_cuda, run_python)
 from torchops._meta_kernels import _checks
 from op_db import OPS_BY_NAME, upcast
-from op_db.rotary import (qk_norm_rope_reference, rotary_reference, rotate_half, rotate_every_two,
+from op_db.rotary import (output_layout, qk_norm_rope_reference, rotary_reference, rotate_half, rotate_every_two,
                           vllm_rotary_reference)
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")  # vmap's batching fallback
@@ -275,8 +275,26 @@ def test_transformers_layout_is_read_in_place(device: str) -> None:
     assert ops_called(lambda: torchops.apply_rotary_pos_emb(q[..., ::2], k[..., ::2], cos[..., ::2], sin[..., ::2])) & copies
     for got, want in zip(torchops.apply_rotary_pos_emb(q, k, cos, sin), rotary_reference(q.double(), k.double(),
                                                                                          cos.double(), sin.double())):
-        assert got.is_contiguous()
+        assert got.is_contiguous()  # q and k share one buffer (a fused projection): not dense alone, so contiguous
         assert_close_to_reference(got, want)
+
+    # Each from its own projection (transformers' q_proj, k_proj): the outputs keep the [b, s, h, d] memory, as
+    # q * cos + rotate_half(q) * sin keeps it, so the attention after them and the gradient's way back through the
+    # view need no copy; so do the gradients of rotary_embedding's backward and of qk_norm_rope's.
+    q, k = (random_tensor((b, s, h * d), torch.float32, device).view(b, s, h, d).transpose(1, 2) for _ in range(2))
+    for x, got, want in zip((q, k), torchops.apply_rotary_pos_emb(q, k, cos, sin),
+                            rotary_reference(q.double(), k.double(), cos.double(), sin.double())):
+        assert got.stride() == x.stride() == (q * cos.unsqueeze(1)).stride()
+        assert_close_to_reference(got, want)
+    grads = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k)]
+    for g, got in zip(grads, torch.ops.myns._rotary_embedding_backward(*grads, cos, sin, 1, False)):
+        assert got.stride() == g.stride()
+    w = random_tensor((d,), torch.float32, device)
+    for x, got in zip((q, k), torch.ops.myns.qk_norm_rope(q, k, w, w, cos, sin)):
+        assert got.stride() == x.stride()
+    for x, got in zip((q, k), torch.ops.myns._qk_norm_rope_backward(*grads, q, k, w, w, cos, sin, 1e-6, 0.0, 1, False,
+                                                                    True, False)[:2]):
+        assert got.stride() == x.stride()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -548,8 +566,8 @@ def test_property_rotary_matches_float64_reference(device, data) -> None:
     q, k, cos, sin, u, interleaved = data.draw(rotary_calls(device))
     got = torchops.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=u, interleaved=interleaved)
     want = rotary_reference(*upcast((q, k, cos, sin)), u, interleaved)
-    for g, w in zip(got, want):
-        assert g.is_contiguous() and g.dtype == q.dtype
+    for x, g, w in zip((q, k), got, want):
+        assert g.stride() == output_layout(x) and g.dtype == q.dtype
         assert_close_to_reference(g.cpu(), w)
     back = torch.ops.myns._rotary_embedding_backward(q, k, cos, sin, u, interleaved)
     from op_db.rotary import rotary_backward_reference

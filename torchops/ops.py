@@ -801,8 +801,10 @@ def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_d
         interleaved: GPT-J's rotate-every-two: pairs ``(2i, 2i + 1)`` with cos and sin in that layout.
 
     Returns:
-        Two new contiguous tensors of q's and k's shapes and dtype; float16/bfloat16 computed in float32, rounded
-        once.
+        Two new tensors of q's and k's shapes and dtype; float16/bfloat16 computed in float32, rounded once. Each
+        keeps its input's strides when they are a permutation of dense ones with the features last (transformers'
+        ``q_proj(x).view(b, s, h, d).transpose(1, 2)`` stays ``[b, s, h, d]`` in memory, as ``q * cos`` would keep
+        it, so the attention after it needs no copy); else it is contiguous. Gradients likewise.
 
     Differentiable in q and k (the backward, ``myns::_rotary_embedding_backward``, rotates by the negative angle),
     to any order and in forward mode, also under ``torch.func``. Works under ``torch.compile``, ``torch.export``,
@@ -892,7 +894,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: 
         eps, weight_offset: as for :func:`rms_norm` (Gemma's ``1 + w`` is ``weight_offset=1.0``).
 
     Returns:
-        Two new contiguous tensors of q's and k's shapes and dtype.
+        Two new tensors of q's and k's shapes and dtype, in their layouts as :func:`rotary_embedding` keeps them.
 
     Differentiable in q, k, q_weight and k_weight (deterministic weight gradients), to any order under
     ``create_graph=True`` and in forward mode, also under ``torch.func``. Works under ``torch.compile``,

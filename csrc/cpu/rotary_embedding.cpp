@@ -500,6 +500,12 @@ struct CpuRotary {
   static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor&) {
     return empty_dense_cpu(sizes, dtype);
   }
+  static at::Tensor empty_strided(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::ScalarType dtype,
+                                  const at::Tensor&) {
+    at::Tensor out = at::detail::empty_strided_cpu(sizes, strides, dtype);
+    advise_huge_pages(out);
+    return out;
+  }
   static void rotate(const RotaryCall& call) { rotate_cpu(call); }
   static void qk_norm_forward(const QkNormCall& call) { qk_norm_forward_cpu(call); }
   static void qk_norm_backward(const QkNormCall& call) { qk_norm_backward_cpu(call); }

@@ -200,6 +200,10 @@ struct CudaRotary {
   static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& like) {
     return empty_dense_cuda(sizes, dtype, like.device());
   }
+  static at::Tensor empty_strided(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::ScalarType dtype,
+                                  const at::Tensor& like) {
+    return at::detail::empty_strided_cuda(sizes, strides, dtype, like.device());
+  }
   static void rotate(const RotaryCall& call) { rotate_cuda(call); }
   static void qk_norm_forward(const QkNormCall& call) { qk_norm_forward_cuda(call); }
   static void qk_norm_backward(const QkNormCall& call) { qk_norm_backward_cuda(call); }

@@ -3,6 +3,8 @@
 //
 // `Backend` provides:
 //   static at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Tensor& like);
+//   static at::Tensor empty_strided(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::ScalarType dtype,
+//                                   const at::Tensor& like);
 //   static constexpr int64_t kMaxNormHeadDim;         qk_norm_rope's longest head_dim (elements)
 //   static void rotate(const RotaryCall&);            rotary_embedding and its backward
 //   static void qk_norm_forward(const QkNormCall&);
@@ -23,15 +25,27 @@ namespace torchops {
 
 template <typename Backend>
 struct RotaryOps {
-  // The rotation of q and k (named as the op names them) into new dense outputs.
+  // A new output (or gradient) in the layout of `like`: its strides when they are a permutation of dense ones with
+  // the features last, as torch's elementwise ops keep them, else contiguous. transformers' q is
+  // q_proj(x).view(b, s, h, d).transpose(1, 2): [b, s, h, d] in memory stays so, and the attention that reads it
+  // (whose output then needs no transposing copy) and the gradient's way back through the view take it as it is.
+  // meta_kernels/rotary_embedding.py's _in_layout_of is the same rule.
+  static at::Tensor empty_in_layout_of(const at::Tensor& like) {
+    const bool permuted_dense = like.numel() > 0 && !like.is_contiguous() && like.is_non_overlapping_and_dense() &&
+                                (like.size(-1) <= 1 || like.stride(-1) == 1);
+    return permuted_dense ? Backend::empty_strided(like.sizes(), like.strides(), like.scalar_type(), like)
+                          : backend_empty_like<Backend>(like);
+  }
+
+  // The rotation of q and k (named as the op names them) into new outputs in their layouts.
   static RotaryCall rotation(const char* op, NamedTensor q, NamedTensor k, const at::Tensor& cos,
                              const at::Tensor& sin, int64_t unsqueeze_dim, bool interleaved, bool transposed) {
     RotaryCall call;
     call.shape = check_rotary(op, q, k, {"cos", cos}, {"sin", sin}, unsqueeze_dim);
     call.q = head_rows(q.tensor, call.shape);
     call.k = head_rows(k.tensor, call.shape);
-    call.q_out = head_rows(backend_empty_like<Backend>(q.tensor), call.shape);
-    call.k_out = head_rows(backend_empty_like<Backend>(k.tensor), call.shape);
+    call.q_out = head_rows(empty_in_layout_of(q.tensor), call.shape);
+    call.k_out = head_rows(empty_in_layout_of(k.tensor), call.shape);
     call.cs = cos_sin_rows(cos, sin);
     call.interleaved = interleaved;
     call.transposed = transposed;
@@ -82,8 +96,8 @@ struct RotaryOps {
                                                          double weight_offset, int64_t unsqueeze_dim, bool interleaved) {
     QkNormCall call = qk_norm("qk_norm_rope", q, k, q_weight, k_weight, cos, sin, eps, weight_offset, unsqueeze_dim,
                               interleaved);
-    call.rope.q_out = head_rows(backend_empty_like<Backend>(q), call.rope.shape);
-    call.rope.k_out = head_rows(backend_empty_like<Backend>(k), call.rope.shape);
+    call.rope.q_out = head_rows(empty_in_layout_of(q), call.rope.shape);
+    call.rope.k_out = head_rows(empty_in_layout_of(k), call.rope.shape);
     Backend::qk_norm_forward(call);
     return {call.rope.q_out.tensor, call.rope.k_out.tensor};
   }
@@ -107,8 +121,8 @@ struct RotaryOps {
       check_like(op, {"k", k}, {"grad_k_out", *grad_k_out});
       call.grad_k = head_rows(*grad_k_out, call.rope.shape);
     }
-    call.grad_q_in = backend_empty_if<Backend>(has_q && input_grad, q.sizes(), q.scalar_type(), q);
-    call.grad_k_in = backend_empty_if<Backend>(has_k && input_grad, k.sizes(), k.scalar_type(), k);
+    call.grad_q_in = has_q && input_grad ? empty_in_layout_of(q) : backend_empty_if<Backend>(false, {}, q.scalar_type(), q);
+    call.grad_k_in = has_k && input_grad ? empty_in_layout_of(k) : backend_empty_if<Backend>(false, {}, k.scalar_type(), k);
     call.grad_q_weight =
         backend_empty_if<Backend>(has_q && weight_grad, q_weight.sizes(), q_weight.scalar_type(), q);
     call.grad_k_weight =

@@ -60,6 +60,9 @@ class OpInfo:
     mutated_arg: int | None = None  # out= ops: index of the argument written (the op returns nothing)
     # dtype of each output for a sample; None: every output has the sample's dtype.
     output_dtypes: Callable[[Sample], tuple[torch.dtype, ...]] | None = None
+    # strides of each output for a sample (None in place of a stride tuple: contiguous); None: every output
+    # contiguous. Either way each output is a new dense tensor.
+    output_strides: Callable[[Sample], tuple[tuple[int, ...] | None, ...]] | None = None
 
     @property
     def op(self) -> torch._ops.OpOverload:

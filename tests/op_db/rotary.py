@@ -286,6 +286,32 @@ def qk_norm_rope_backward_samples(device: str, dtype: torch.dtype, requires_grad
     return samples
 
 
+def output_layout(x: torch.Tensor) -> tuple[int, ...]:
+    """The strides of the outputs (and gradients) made from x, as the README states them: x's own when they are a
+    permutation of dense ones with the features last (non-empty, not contiguous), else contiguous."""
+    contiguous = torch.empty(x.shape).stride()
+    if x.is_contiguous() or x.numel() == 0 or (x.shape[-1] > 1 and x.stride(-1) != 1):
+        return contiguous
+    expected = 1
+    for st, size in sorted((st, size) for st, size in zip(x.stride(), x.shape) if size > 1):
+        if st != expected:
+            return contiguous
+        expected *= size
+    return x.stride()
+
+
+def _layouts_of(first: int):
+    """output_strides of an op whose two outputs are made from args[first] and args[first + 1]."""
+    return lambda sample: (output_layout(sample.args[first]), output_layout(sample.args[first + 1]))
+
+
+def qk_norm_rope_backward_strides(sample: Sample) -> tuple[tuple[int, ...] | None, ...]:
+    given_q, given_k, q, k = sample.args[:4]
+    input_grad = sample.args[12]
+    return (output_layout(q) if given_q is not None and input_grad else None,
+            output_layout(k) if given_k is not None and input_grad else None, None, None)
+
+
 def qk_norm_rope_backward_dtypes(sample: Sample) -> tuple[torch.dtype, ...]:
     q, k, qw, kw = sample.args[2:6]
     return q.dtype, k.dtype, qw.dtype, kw.dtype
@@ -448,17 +474,17 @@ def qk_norm_rope_backward_errors(device: str) -> list[ErrorInput]:
 
 OPS: list[OpInfo] = [
     OpInfo("rotary_embedding", FLOAT_DTYPES, rotary_samples, rotary_reference, rotary_errors, rotary_sized,
-           differentiable=False),  # in q and k (and weights) only: see above
+           differentiable=False, output_strides=_layouts_of(0)),  # in q and k (and weights) only: see above
     OpInfo("_rotary_embedding_backward", FLOAT_DTYPES, rotary_backward_samples, rotary_backward_reference,
-           rotary_backward_errors, rotary_sized, differentiable=False),
+           rotary_backward_errors, rotary_sized, differentiable=False, output_strides=_layouts_of(0)),
     # inference only: its Autograd kernel refuses inputs that require grad; query is written (key too:
     # tests/test_rotary_embedding.py)
     OpInfo("rotary_embedding_", FLOAT_DTYPES, rotary_inplace_samples, rotary_inplace_reference,
            rotary_inplace_errors, rotary_inplace_sized, differentiable=False, mutated_arg=1),
     OpInfo("qk_norm_rope", FLOAT_DTYPES, qk_norm_rope_samples, qk_norm_rope_reference, qk_norm_rope_errors,
-           qk_norm_rope_sized, differentiable=False),
+           qk_norm_rope_sized, differentiable=False, output_strides=_layouts_of(0)),
     # double backward is refused by its Autograd kernel
     OpInfo("_qk_norm_rope_backward", FLOAT_DTYPES, qk_norm_rope_backward_samples, qk_norm_rope_backward_reference,
            qk_norm_rope_backward_errors, qk_norm_rope_backward_sized, differentiable=False,
-           output_dtypes=qk_norm_rope_backward_dtypes),
+           output_dtypes=qk_norm_rope_backward_dtypes, output_strides=qk_norm_rope_backward_strides),
 ]
