@@ -87,8 +87,8 @@ class Trainee:
         self.call(input_ids=self.ids, labels=self.labels).loss.backward()
         self.opt.step()
 
-    def peak_bytes(self) -> int:
-        return H.peak_cuda_bytes(self.step)[0] + _resident_bytes(self.model, self.opt)
+    def peak_bytes(self, name: str) -> int:
+        return H.peak_cuda_bytes(self.step, f"{name}'s training step")[0] + _resident_bytes(self.model, self.opt)
 
 
 def stage(t0: float, what: str) -> None:
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
         stage(t0, f"{name}: first loss checked, first step run")
     times = H.time_all_ms({name: t.step for name, t in trainees.items()}, device, quick=args.quick)
     yield from _rows(HF_TRAIN, times, shape, numel, dtype, device)
-    peaks = {name: t.peak_bytes() for name, t in trainees.items() if device == "cuda"}
+    peaks = {name: t.peak_bytes(name) for name, t in trainees.items() if device == "cuda"}
     stage(t0, "train steps timed")
 
     # Generation, eager: unpatched against patched, from the initial weights (the steps above may differ in count).
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace, ctx: H.Context) -> Iterator[H.Result]:
             yield from _rows(HF_TRAIN_VS_LIGER, times, shape, numel, dtype, device, baseline=LIGER)
             stage(t0, "train steps beside Liger timed")
             if device == "cuda":
-                peaks[LIGER] = trainees[LIGER].peak_bytes()
+                peaks[LIGER] = trainees[LIGER].peak_bytes(LIGER)
     if peaks:
         yield from _memory_rows(peaks, shape, numel, dtype, device)
 

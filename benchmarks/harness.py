@@ -24,6 +24,7 @@ import json
 import math
 import platform
 import shlex
+import os
 import statistics
 import sys
 import time
@@ -63,6 +64,8 @@ CUDA_ROUNDS = 3
 CLOCK: Callable[[], float] = time.perf_counter
 # --profile N: after time_all_ms has timed its functions, each one's N costliest kernels (torch.profiler) on stderr.
 PROFILE_ROWS = 0
+# --memory-breakdown N: peak_cuda_bytes also prints the N largest sources of what was live at the peak, on stderr.
+MEMORY_ROWS = 0
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -353,16 +356,67 @@ def free_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def peak_cuda_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
+def peak_cuda_bytes(fn: Callable[[], Any], label: str = "") -> tuple[int, Any]:
     """How far the CUDA allocator's peak rose above what was allocated before fn() ran, and fn's result (drop it
-    before measuring again)."""
+    before measuring again). With --memory-breakdown N, also prints what fn had allocated and still held at that
+    peak, by source (peak_breakdown)."""
     free_memory("cuda")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    result = fn()
-    torch.cuda.synchronize()
+    if MEMORY_ROWS:
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    try:
+        result = fn()
+        torch.cuda.synchronize()
+    finally:
+        if MEMORY_ROWS:
+            snapshot = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            print(f"memory at the peak of {label or 'the call'}, beyond the {before / MiB:.0f} MiB allocated before:\n"
+                  f"{peak_breakdown(snapshot['device_traces'][torch.cuda.current_device()], MEMORY_ROWS)}",
+                  file=sys.stderr)
     return torch.cuda.max_memory_allocated() - before, result
+
+
+def _source(frames: Sequence[dict[str, Any]]) -> str:
+    """The innermost frame outside torch's own package (torch's, where every frame is), as file:line function."""
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    ours = [f for f in frames if not f["filename"].startswith(torch_dir)] or list(frames)
+    if not ours:
+        return "(no Python frame)"
+    f = ours[0]
+    return f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
+
+
+def peak_breakdown(trace: Sequence[dict[str, Any]], rows: int) -> str:
+    """The allocations of a recorded trace (torch.cuda.memory._snapshot()'s device_traces[device]) live at the
+    moment their total was highest, summed by source (_source; allocations autograd's engine makes in backward
+    name the frame that called backward()), the `rows` largest, then the last allocations made before that
+    moment: one line each."""
+    live: dict[int, tuple[int, str, int]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, str, int]] = {}
+    for i, event in enumerate(trace):
+        if event["action"] == "alloc":
+            live[event["addr"]] = (event["size"], _source(event.get("frames", [])), i)
+            total += event["size"]
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif event["action"] == "free_completed" and event["addr"] in live:
+            total -= live.pop(event["addr"])[0]
+    by_source: dict[str, list[int]] = {}
+    for size, source, _ in at_peak.values():
+        entry = by_source.setdefault(source, [0, 0])
+        entry[0] += size
+        entry[1] += 1
+    lines = [f"  {peak / MiB:10.1f} MiB live at the peak"]
+    for source, (size, count) in sorted(by_source.items(), key=lambda kv: -kv[1][0])[:rows]:
+        lines.append(f"  {size / MiB:10.1f} MiB in {count:4d} from {source}")
+    lines.append("  last allocations before the peak:")
+    for size, source, i in sorted(at_peak.values(), key=lambda v: v[2])[-min(rows, 8):]:
+        lines.append(f"  {size / MiB:10.1f} MiB (event {i}) from {source}")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------- inputs
@@ -809,6 +863,8 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-bars", action="store_true", help="measure only; do not check benchmarks/bars.py")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="print each timed implementation's N costliest kernels (torch.profiler) on stderr")
+    parser.add_argument("--memory-breakdown", type=int, default=0, metavar="N",
+                        help="where a bench measures a CUDA peak, print the N largest sources of what was live at it")
     if bench.more_ops:
         parser.add_argument("--ops", default=",".join(bench.ops),
                             help="comma-separated subset of the ops to measure (default: %(default)s)")
@@ -824,8 +880,8 @@ def main(bench: Bench, argv: Sequence[str] | None = None) -> int:
         args.ops = [bench.op]
     if bench.check_arguments is not None:
         bench.check_arguments(parser, args)
-    global PROFILE_ROWS
-    PROFILE_ROWS = args.profile
+    global PROFILE_ROWS, MEMORY_ROWS
+    PROFILE_ROWS, MEMORY_ROWS = args.profile, args.memory_breakdown
     try:
         import torchops  # noqa: F401
     except ImportError as e:

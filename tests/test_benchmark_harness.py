@@ -486,3 +486,38 @@ def test_profile_prints_each_timed_function_costliest_kernels(tmp_path, monkeypa
     assert "profile of 'eager', 3 calls" in err and "aten::add" in err
     assert "profile of 'torchops', 3 calls" in err and "aten::mul" in err
     assert H.PROFILE_ROWS == 3
+
+
+def test_memory_breakdown_names_what_is_live_at_the_peak(tmp_path, monkeypatch):
+    """--memory-breakdown N sets MEMORY_ROWS; peak_breakdown, over a recorded trace, sums the allocations live at
+    the highest total by their innermost frame outside torch, and lists the last ones made before that moment."""
+    monkeypatch.setattr(H, "MEMORY_ROWS", 0)  # restored after the test, whatever main sets
+    torch_file = os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "linear.py")
+
+    def alloc(addr, mib, *frames):
+        return {"action": "alloc", "addr": addr, "size": mib << 20,
+                "frames": [{"filename": f, "line": line, "name": name} for f, line, name in frames]}
+
+    def free(addr):
+        return {"action": "free_completed", "addr": addr, "size": 0}
+
+    model = ("/src/model.py", 12, "forward")
+    trace = [alloc(1, 100, (torch_file, 5, "forward"), model),  # torch's frame skipped: the model's line names it
+             alloc(2, 20, model), free(2), alloc(3, 30, ("/src/loss.py", 7, "loss")),
+             alloc(4, 10, ("/src/loss.py", 9, "loss")),  # peak: 1, 3 and 4 live (140 MiB)
+             free(1), alloc(5, 20, model)]
+    text = H.peak_breakdown(trace, 2)
+    lines = text.splitlines()
+    assert lines[0].split() == ["140.0", "MiB", "live", "at", "the", "peak"]
+    assert lines[1].split() == ["100.0", "MiB", "in", "1", "from", "model.py:12", "forward"]
+    assert lines[2].split() == ["30.0", "MiB", "in", "1", "from", "loss.py:7", "loss"]
+    assert len([line for line in lines if " from " in line and "event" not in line]) == 2  # the 2 largest sources
+    assert [line.split() for line in lines[-2:]] == [["30.0", "MiB", "(event", "3)", "from", "loss.py:7", "loss"],
+                                                     ["10.0", "MiB", "(event", "4)", "from", "loss.py:9", "loss"]]
+
+    def run(args, ctx):
+        return [H.Result(op="toy", case="c", dtype="f32", shape="1", numel=1, impl="torchops", device="cpu", ms=1.0)]
+
+    assert H.main(H.Bench(op="toy", description="toy", run=run),
+                  ["--device", "cpu", "--out-dir", str(tmp_path), "--no-bars", "--memory-breakdown", "5"]) == 0
+    assert H.MEMORY_ROWS == 5
