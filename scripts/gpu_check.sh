@@ -15,6 +15,8 @@
 #
 # The test run stops (SIGINT, so pytest still prints its summary) after $TEST_TIMEOUT seconds (default 420), and
 # every failure is written to $OUT/failures.txt as it happens: a device call cut short still names them.
+# --sanitize runs its tools side by side, each for up to $SANITIZE_TIMEOUT seconds (default 300) over
+# $SANITIZE_WORKERS pytest processes (default 7); SANITIZE_TOOLS=racecheck (or memcheck) runs one alone.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -187,13 +189,14 @@ if [ $SANITIZE -eq 1 ]; then
     [memcheck]="$files -k '(reference or not test_ops) and cuda and not graph and not pow_31 and not second_gpu'"
     [racecheck]="$files -k '(reference or not test_ops) and cuda and not graph and not pow_31 and not second_gpu and not float64 and not float16'")
   t0=$(date +%s)
-  for tool in memcheck racecheck; do
+  tools=${SANITIZE_TOOLS:-memcheck racecheck}  # one alone (SANITIZE_TOOLS=racecheck) gets the whole call's time
+  for tool in $tools; do
     eval "timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool $tool $only_ours --target-processes all \
       --error-exitcode 3 --print-limit 20 $PY -m pytest ${sel[$tool]} -v -p no:cacheprovider -n ${SANITIZE_WORKERS:-7}" \
       >"$OUT/sanitize-$tool.log" 2>&1 &
     pids[$tool]=$!
   done
-  for tool in memcheck racecheck; do
+  for tool in $tools; do
     wait ${pids[$tool]}; rc=$?
     log="$OUT/sanitize-$tool.log"
     # one summary per checked process (the xdist workers); a cut run has none, so every sanitizer line that is
