@@ -173,7 +173,6 @@ fi
 
 # ---- sanitizers: every op's float64-reference samples and the CUDA-specific files (kernel paths, tiles).
 if [ $SANITIZE -eq 1 ]; then
-  export PYTORCH_NO_CUDA_MEMORY_CACHING=1  # each allocation exact-sized, so an overrun leaves it
   # The selection is discovered, never named, so a new op is covered without an edit here: test_ops.py's
   # float64-reference test runs every op's op_db samples (odd sizes, strides, empty tensors) in every dtype,
   # and tests/test_*cuda*.py the engine's plan branches and tiles. The op files' own CUDA sweeps (800 cases)
@@ -191,7 +190,11 @@ if [ $SANITIZE -eq 1 ]; then
   t0=$(date +%s)
   tools=${SANITIZE_TOOLS:-memcheck racecheck}  # one alone (SANITIZE_TOOLS=racecheck) gets the whole call's time
   for tool in $tools; do
-    eval "timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool $tool $only_ours --target-processes all \
+    # memcheck: each allocation exact-sized (no caching allocator), so an overrun leaves it. racecheck checks
+    # shared memory only: it keeps the cache, sparing every test's allocations a cudaMalloc and a synchronising
+    # cudaFree under the checker.
+    caching=""; [ $tool = memcheck ] && caching="PYTORCH_NO_CUDA_MEMORY_CACHING=1"
+    eval "$caching timeout ${SANITIZE_TIMEOUT:-300} compute-sanitizer --tool $tool $only_ours --target-processes all \
       --error-exitcode 3 --print-limit 20 $PY -m pytest ${sel[$tool]} -v -p no:cacheprovider -n ${SANITIZE_WORKERS:-7}" \
       >"$OUT/sanitize-$tool.log" 2>&1 &
     pids[$tool]=$!
@@ -207,7 +210,6 @@ if [ $SANITIZE -eq 1 ]; then
     { [ $rc -ne 0 ] || [ "$flagged" != 0 ]; } && status=1
     note "sanitize $tool${only_ours:+ (torchops kernels)}: $done_tests tests done, $reports process summaries, $flagged error lines (rc $rc$([ $rc -eq 124 ] && echo ': cut by the timeout, incomplete')) | $(grep -E '[0-9]+ (passed|failed|skipped)' "$log" | tail -1) ($(( $(date +%s) - t0 )) s)"
   done
-  unset PYTORCH_NO_CUDA_MEMORY_CACHING
 fi
 
 echo
