@@ -546,9 +546,8 @@ def test_cuda_training_step_captures_in_one_cuda_graph():
     torch.testing.assert_close(head.weight, eager_head.weight)
 
 
-# The next two are named "gpu", not "cuda": scripts/gpu_check.sh --sanitize runs the tests named cuda under
-# compute-sanitizer, where their full-size cuBLAS matmuls would take far too long (the row kernel is covered there
-# by the tests above).
+# The next two are named "gpu", not "cuda": their full-size cuBLAS matmuls would take far too long under
+# compute-sanitizer, should a selection by name take the CUDA tests (the row kernel is covered by the tests above).
 @requires_cuda
 def test_gpu_memory_is_one_chunk_of_logits():
     # 4096 tokens, V = 32000 bf16: the logits would be 262 MB; with 512-token chunks the forward + backward
