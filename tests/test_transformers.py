@@ -88,6 +88,34 @@ def test_logits_loss_and_gradients_match(device: str, model_type: str) -> None:
     assert_grads_close(ref, patched, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("model_type", TYPES)
+def test_attention_gets_q_and_k_in_the_projections_layout(model_type: str) -> None:
+    # The rotated q and k stay in q_proj's [b, s, h, d] memory, as transformers' own code leaves them: a
+    # contiguous [b, h, s, d] q made the attention's output come back in that layout and transformers'
+    # transpose(1, 2).contiguous() copy it, a copy kept for o_proj's backward (512 MiB in bench_transformers'
+    # LLaMA on the GPU).
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    seen: dict[str, list[tuple]] = {"ref": [], "patched": []}
+    name = "torchops_layout_probe"
+
+    def probe(module, query, key, value, *args, **kwargs):
+        seen[probe.side].append((query.stride(), key.stride()))
+        return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+    transformers.AttentionInterface.register(name, probe)
+    ref, patched = twins(model_type)
+    ids, _ = batch()
+    for side, model in (("ref", ref), ("patched", patched)):
+        model.set_attn_implementation(name)
+        probe.side = side
+        with torch.no_grad():
+            model(ids)
+    assert len(seen["patched"]) == 2 and seen["patched"] == seen["ref"], seen
+    query_stride = seen["patched"][0][0]
+    assert query_stride[2] > query_stride[1], query_stride  # seq outer to heads: [b, s, h, d] in memory
+
+
 def test_patch_replaces_what_it_says() -> None:
     model = tt.patch(tiny_model("qwen3"))
     layer = model.model.layers[0]
