@@ -23,8 +23,8 @@ import gc
 import json
 import math
 import platform
-import shlex
 import os
+import shlex
 import statistics
 import sys
 import time

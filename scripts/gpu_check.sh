@@ -184,9 +184,8 @@ if [ $SANITIZE -eq 1 ]; then
   files="$(ls tests/test_*cuda*.py | tr '\n' ' ')tests/test_ops.py"
   only_ours="--kernel-name kns=torchops"  # where this sanitizer takes the filter (tried on a program with no GPU work)
   compute-sanitizer --tool memcheck $only_ours true >/dev/null 2>&1 || only_ours=""
-  declare -A pids sel=(
-    [memcheck]="$files -k '(reference or not test_ops) and cuda and not graph and not pow_31 and not second_gpu'"
-    [racecheck]="$files -k '(reference or not test_ops) and cuda and not graph and not pow_31 and not second_gpu and not float64 and not float16'")
+  cuda_tests="(reference or not test_ops) and cuda and not graph and not pow_31 and not second_gpu"
+  declare -A pids sel=([memcheck]="$files -k '$cuda_tests'" [racecheck]="$files -k '$cuda_tests and not float64 and not float16'")
   t0=$(date +%s)
   tools=${SANITIZE_TOOLS:-memcheck racecheck}  # one alone (SANITIZE_TOOLS=racecheck) gets the whole call's time
   for tool in $tools; do
