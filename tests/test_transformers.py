@@ -96,23 +96,22 @@ def test_attention_gets_q_and_k_in_the_projections_layout(model_type: str) -> No
     # LLaMA on the GPU).
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    seen: dict[str, list[tuple]] = {"ref": [], "patched": []}
+    seen: list[tuple] = []  # (query strides, key strides) of each attention call: the unpatched model's, then ours
     name = "torchops_layout_probe"
 
     def probe(module, query, key, value, *args, **kwargs):
-        seen[probe.side].append((query.stride(), key.stride()))
+        seen.append((query.stride(), key.stride()))
         return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
 
     transformers.AttentionInterface.register(name, probe)
-    ref, patched = twins(model_type)
     ids, _ = batch()
-    for side, model in (("ref", ref), ("patched", patched)):
+    for model in twins(model_type):
         model.set_attn_implementation(name)
-        probe.side = side
         with torch.no_grad():
             model(ids)
-    assert len(seen["patched"]) == 2 and seen["patched"] == seen["ref"], seen
-    query_stride = seen["patched"][0][0]
+    ref, patched = seen[:2], seen[2:]
+    assert len(patched) == 2 and patched == ref, seen
+    query_stride = patched[0][0]
     assert query_stride[2] > query_stride[1], query_stride  # seq outer to heads: [b, s, h, d] in memory
 
 
