@@ -132,6 +132,25 @@ def test_backward_scales_by_the_incoming_gradient_and_survives_retain_graph(redu
         torch.autograd.grad(loss, leaves, g)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_backward_keeps_only_the_gradients(reduction):
+    # The forward computed them, so the graph holds nothing else: not the hidden states (an LLM's last norm
+    # output, freed after the forward as an unfused loss frees it), and create_graph=True still refuses.
+    x, w, t, b = problem((9,), h=7, v=11)
+    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()]
+    hidden = leaves[0] * 1
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda s: saved.append(s) or s, lambda s: s):
+        loss = torchops.linear_cross_entropy(hidden, leaves[1], t, linear_bias=leaves[2], reduction=reduction)
+    assert len(saved) == 3, [s.shape for s in saved]
+    assert [s.shape for s in saved] == [x.shape, w.shape, b.shape]
+    inputs = {hidden.untyped_storage().data_ptr(), leaves[1].untyped_storage().data_ptr()}
+    assert not inputs & {s.untyped_storage().data_ptr() for s in saved}
+    got = torch.autograd.grad(loss, leaves)
+    for a, e in zip(got, _grads(lambda *a: reference(a[0], a[1], t, a[2], reduction=reduction), leaves)):
+        torch.testing.assert_close(a, e)
+
+
 def test_only_some_gradients_asked_for():
     x, w, t, b = problem((5,))
     leaves = [x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()]

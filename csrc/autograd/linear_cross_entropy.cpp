@@ -57,8 +57,8 @@ bool readable_cpu(const at::Tensor& t) { return t.is_cpu() && !at::isTensorSubcl
 
 // ------------------------------------------------------------------------------ linear_cross_entropy
 
-// Saved: grad_input, grad_weight, grad_bias of the forward (placeholders where not computed), then input,
-// linear_weight, linear_bias (only as edges of the refusing node under create_graph). Edges: input,
+// Saved: grad_input, grad_weight, grad_bias of the forward (placeholders where not computed); not the
+// inputs, so the last hidden states are freed after the forward, as an unfused loss frees them. Edges: input,
 // linear_weight, linear_bias.
 variable_list scaled_gradients_formula(const BackwardContext& ctx, const variable_list& saved,
                                        const variable_list& grads) {
@@ -77,11 +77,13 @@ variable_list scaled_gradients_formula(const BackwardContext& ctx, const variabl
       out[i] = saved[i].mul_(g);
     }
   }
-  if (recorded) {
+  if (recorded && ctx.edges) {  // no edges: compiled autograd, which bypasses itself under create_graph=True
     // The saved gradients are constants to autograd: differentiating these results would silently drop
     // their dependence on the inputs, so a node that refuses takes their place.
+    torch::autograd::edge_list edges{torch::autograd::impl::gradient_edge(g)};
+    edges.insert(edges.end(), ctx.edges->begin(), ctx.edges->end());
     OpNodePtr node = make_refusing_node("LinearCrossEntropyBackwardBackward", "linear_cross_entropy", "",
-                                        {g, saved[3], saved[4], saved[5]});
+                                        std::move(edges));
     record_outputs(node, {out[0], out[1], out[2]});
   }
   return out;
@@ -147,7 +149,7 @@ at::Tensor linear_cross_entropy_recorded(const char* op, const at::Tensor& input
   at::Tensor out = reduction_kind == LossReduction::kMean ? loss.sum() / count : loss.sum();
   out = out.to(dtype);
   // The gradients have no graph history (the forward op records none here), so saving them makes no cycle.
-  node->save({grad_input, grad_weight, grad_bias, input, linear_weight, bias});
+  node->save({grad_input, grad_weight, grad_bias});
   record_outputs(node, {out});
   return out;
 }

@@ -24,6 +24,7 @@ BackwardContext OpNode::context() const {
   ctx.needs_grad.reserve(num_outputs());
   for (size_t i = 0; i < num_outputs(); ++i) ctx.needs_grad.push_back(task_should_compute_output(i));
   ctx.attrs = attrs;
+  ctx.edges = &next_edges();
   return ctx;
 }
 
@@ -146,6 +147,13 @@ variable_list refuse_differentiation(const BackwardContext& ctx, const variable_
 OpNodePtr make_refusing_node(const char* name, const char* op, const char* hint,
                              std::initializer_list<at::Tensor> edges) {
   OpNodePtr node = make_op_node(name, &refuse_differentiation, edges);
+  node->attrs = {std::string(op), std::string(hint)};
+  return node;
+}
+
+OpNodePtr make_refusing_node(const char* name, const char* op, const char* hint, torch::autograd::edge_list edges) {
+  OpNodePtr node = make_node<OpNode>(name, &refuse_differentiation);
+  node->set_next_edges(std::move(edges));
   node->attrs = {std::string(op), std::string(hint)};
   return node;
 }

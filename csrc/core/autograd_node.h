@@ -75,6 +75,9 @@ NodePtr<T> make_node(Args&&... args) {
 struct BackwardContext {
   std::vector<bool> needs_grad;  // one per edge
   std::vector<c10::IValue> attrs;
+  // The node's edges, for a formula that ties a refusing node (below) to them under create_graph=True without
+  // saving the inputs; null where the formula runs outside its node (compiled autograd, no create_graph).
+  const torch::autograd::edge_list* edges = nullptr;
   bool needs_input_grad(size_t edge) const { return needs_grad[edge]; }
 };
 
@@ -133,6 +136,7 @@ void record_outputs(const OpNodePtr& node, std::initializer_list<at::Tensor> out
 // silently dropping that dependence.
 OpNodePtr make_refusing_node(const char* name, const char* op, const char* hint,
                              std::initializer_list<at::Tensor> edges);
+OpNodePtr make_refusing_node(const char* name, const char* op, const char* hint, torch::autograd::edge_list edges);
 
 // The Autograd kernel of an internal backward op, differentiable once but not twice: refuses forward-mode
 // tangents, gives the outputs a refusing node (above) when an input requires grad, and returns `run()`, called
