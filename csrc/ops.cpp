@@ -97,6 +97,11 @@ TORCH_LIBRARY(myns, m) {
   // silu(gate) * up.
   define(m, "swiglu(Tensor gate, Tensor up) -> Tensor", Cast::kPromote, Pointwise{});
   define(m, "swiglu_backward(Tensor grad_out, Tensor gate, Tensor up) -> (Tensor, Tensor)", Pointwise{"grad_out"});
+  // swiglu_backward written into grad_gate and grad_up (each may be an input exactly: the backward writes the
+  // gate's gradient into an incoming gradient that nothing else holds).
+  define(m, "swiglu_backward_out(Tensor grad_out, Tensor gate, Tensor up, Tensor(a!) grad_gate, Tensor(b!) grad_up) "
+            "-> ()",
+         Pointwise{});
 
   m.set_python_module("torchops._meta_kernels.gelu_and_mul");
   // F.gelu(gate, approximate=approximate) * up; approximate is "none" (erf) or "tanh".
@@ -104,6 +109,9 @@ TORCH_LIBRARY(myns, m) {
   define(m, "gelu_and_mul_backward(Tensor grad_out, Tensor gate, Tensor up, str approximate=\"none\") "
             "-> (Tensor, Tensor)",
          Pointwise{"grad_out"});
+  define(m, "gelu_and_mul_backward_out(Tensor grad_out, Tensor gate, Tensor up, str approximate, "
+            "Tensor(a!) grad_gate, Tensor(b!) grad_up) -> ()",
+         Pointwise{});
 
   m.set_python_module("torchops._meta_kernels.csr_spmm");
   // A @ dense for the M x K CSR matrix A = (crow_indices, col_indices, values), K = dense.size(0).

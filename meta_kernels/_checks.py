@@ -67,6 +67,7 @@ MESSAGES: dict[str, str] = {
                        "tensor or a non-overlapping one",
     "out_requires_grad": "out= variants don't support automatic differentiation, but {x} requires grad; use the "
                          "functional op instead",
+    "outs_share_memory": "{x} and {y} share memory; each result needs memory of its own",
     # gated activations (checks.cpp)
     "approximate": "approximate must be 'none' or 'tanh', got '{got}'",
     # row normalisation (csrc/norm/norm.cpp)
@@ -191,3 +192,20 @@ def check_elementwise(op: str, tensors: Sequence[Named], dtypes: Sequence[torch.
             op, "same_shape", x=first[0], y=t[0], x_shape=list(first[1].shape), y_shape=list(t[1].shape),
         )
     dtype_in(op, first, dtypes)
+
+
+def write_out(op: str, like: Named, out: Named) -> None:
+    """An out= tensor for a result like `like`: its device and dtype, resized to its shape as the real kernels
+    resize it (torchops::check_and_resize_out); the overlap checks need the data, which a fake has not."""
+    same_device(op, like, out)
+    same_dtype(op, like, out)
+    if out[1].shape == like[1].shape:
+        return
+    if torch._guards.TracingContext.try_get() is not None:
+        # torch.compile / torch.export: a resized graph input is not traced (nor is torch.add(out=)'s). A graph
+        # break, not an argument error: torch.compile runs the call eagerly, fullgraph and export refuse it.
+        from torch._dynamo.exc import Unsupported
+
+        raise Unsupported(f"myns::{op}: {out[0]} of shape {list(out[1].shape)} would be resized to {like[0]}'s "
+                          f"shape {list(like[1].shape)}, which a traced graph cannot do; pass an {out[0]} of that shape")
+    out[1].resize_(like[1].shape)

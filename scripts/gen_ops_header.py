@@ -2,7 +2,7 @@
 
     python scripts/gen_ops_header.py [--check]     (setup.py runs it on every build)
 
-One typed entry point per public op (no leading underscore, not a ``_backward``), its parameters and
+One typed entry point per public op (no leading underscore, not a ``_backward`` or its out= form), its parameters and
 defaults those of the schema (``torch._C.parse_schema``), its doc comment the ``//`` lines right above
 the op's ``define(...)`` in csrc/ops.cpp. Each entry calls the op through the dispatcher, whose typed handle
 checks the C++ signature against the registered kernels' on the first call: kernels take torch's usual C++
@@ -50,7 +50,7 @@ def defined_ops(source: str) -> list[DefinedOp]:
 
 
 def is_public(name: str) -> bool:
-    return not name.startswith("_") and not name.endswith("_backward")
+    return not name.startswith("_") and "_backward" not in name
 
 
 def _cpp_type(t, argument: bool) -> str:

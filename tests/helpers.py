@@ -188,3 +188,11 @@ settings.load_profile(PROPERTY_PROFILE)
 def property_examples(ci: int) -> int:
     """A property's example count: `ci` under the default profile, the loaded profile's (long: 3000) otherwise."""
     return ci if PROPERTY_PROFILE == "ci" else settings.default.max_examples
+
+
+def is_public(name: str) -> bool:
+    """Ops a user calls, which must declare an autocast policy and have a C++ entry point (the rule of
+    scripts/gen_ops_header.py). Internal helpers (leading underscore) are called by the public ops' kernels
+    with their arguments already cast, backward ops (and their out= forms) by autograd in the dtypes the
+    forward chose: they declare a policy only when a wrapper calls them directly (torchops.spmm's eager path)."""
+    return not name.startswith("_") and "_backward" not in name

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import torchops
-from helpers import DEVICES, random_tensor, requires_cuda
+from helpers import DEVICES, is_public, random_tensor, requires_cuda
 from op_db import OPS_BY_NAME
 
 AUTOCAST_KEY = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
@@ -28,13 +28,6 @@ LOW = torch.bfloat16
 
 def myns_ops() -> list[str]:
     return sorted(name.removeprefix("myns::") for name in torch._C._dispatch_get_all_op_names() if name.startswith("myns::"))
-
-
-def is_public(name: str) -> bool:
-    """Ops a user calls, which must declare a policy. Internal helpers (leading underscore) are called by the
-    public ops' kernels with their arguments already cast, backward ops by autograd in the dtypes the
-    forward chose: they declare one only when a wrapper calls them directly (torchops.spmm's eager path)."""
-    return not name.startswith("_") and not name.endswith("_backward")
 
 
 def declared_policy(name: str, device: str) -> str | None:
@@ -93,11 +86,11 @@ def _eligible(x: object, device: str) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point() and x.device.type == device and x.dtype != torch.float64
 
 
-def _mixed(args: tuple, written: int | None, device: str) -> tuple:
+def _mixed(args: tuple, written: tuple[int, ...], device: str) -> tuple:
     """The sample's arguments with the first eligible tensor in autocast's dtype, the others float32."""
     out, first = [], True
     for i, a in enumerate(args):
-        if i != written and _eligible(a, device):
+        if i not in written and _eligible(a, device):
             a = a.detach().to(LOW if first else torch.float32)
             first = False
         elif isinstance(a, torch.Tensor):
@@ -106,14 +99,14 @@ def _mixed(args: tuple, written: int | None, device: str) -> tuple:
     return tuple(out)
 
 
-def _outcome(op, args: tuple, written: int | None):
-    """The op's outputs (the written argument for out= ops), or its error message."""
+def _outcome(op, args: tuple, written: tuple[int, ...]):
+    """The op's outputs (the written arguments for out= ops), or its error message."""
     try:
         result = op(*args)
     except RuntimeError as e:
         return str(e)
-    if written is not None:
-        return (args[written],)
+    if written:
+        return tuple(args[i] for i in written)
     return result if isinstance(result, tuple) else (result,)
 
 
@@ -124,15 +117,15 @@ def test_declared_policy_follows_torchs_rule(name: str, device: str) -> None:
     rule for the declared policy casts them."""
     policy = declared_policy(name, device)
     info = OPS_BY_NAME[name]
-    written = info.mutated_arg
+    written = info.mutated_args
     checked = 0
     for sample in info.sample_inputs(device, torch.float32, False)[:4]:
         args = _mixed(sample.args, written, device)
-        dtypes = [a.dtype for i, a in enumerate(args) if i != written and _eligible(a, device)]
+        dtypes = [a.dtype for i, a in enumerate(args) if i not in written and _eligible(a, device)]
         if not dtypes:
             continue
         target = _torch_target(policy, device, dtypes)
-        cast = tuple(a.to(target) if target is not None and i != written and _eligible(a, device) else a
+        cast = tuple(a.to(target) if target is not None and i not in written and _eligible(a, device) else a
                      for i, a in enumerate(args))
         expected = _outcome(info.op, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in cast), written)
         with torch.autocast(device, dtype=LOW):

@@ -26,21 +26,21 @@ def _dtype(info: OpInfo) -> torch.dtype:
 
 
 def _call(info: OpInfo, args: tuple) -> tuple[torch.Tensor, ...]:
-    """Run the op; its outputs as a tuple (an out= op's output is the argument it writes)."""
+    """Run the op; its outputs as a tuple (an out= op's outputs are the arguments it writes)."""
     result = info.op(*args)
-    if info.mutated_arg is not None:
-        return (args[info.mutated_arg],)
+    if info.mutated_args:
+        return tuple(args[i] for i in info.mutated_args)
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
 def _updates_in_place(info: OpInfo) -> bool:
-    """The argument the op writes is also read (rotary_embedding_'s query), not an out= buffer."""
-    return info.mutated_arg is not None and info.op._schema.arguments[info.mutated_arg].name != "out"
+    """The arguments the op writes are also read (rotary_embedding_'s query), not out= buffers."""
+    return bool(info.mutated_args) and not info.name.endswith("_out")
 
 
 def _tensor_inputs(info: OpInfo, args: tuple) -> list[int]:
     return [i for i, a in enumerate(args)
-            if isinstance(a, torch.Tensor) and (i != info.mutated_arg or _updates_in_place(info))]
+            if isinstance(a, torch.Tensor) and (i not in info.mutated_args or _updates_in_place(info))]
 
 
 def _clones(args: tuple) -> tuple:
@@ -145,8 +145,8 @@ def test_more_than_2_pow_31_elements(info: OpInfo) -> None:
     for half in (slice(0, split), slice(split, n)):
         part = tuple(a[half] if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == n else a
                      for a in args)
-        if info.mutated_arg is not None:
-            part = tuple(torch.empty_like(a) if i == info.mutated_arg else a for i, a in enumerate(part))
+        if info.mutated_args:
+            part = tuple(torch.empty_like(a) if i in info.mutated_args else a for i, a in enumerate(part))
         alone = _call(info, part)
         for i in rows_outs:
             full = outs[i][half]

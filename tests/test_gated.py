@@ -426,6 +426,73 @@ def test_joint_graph_calls_the_backward_op(row: GatedInfo, form: dict[str, Any])
     assert _myns_lines(called_ops(backward)) == f"myns.{row.backward_name}.default"
 
 
+def _mlp_inputs(device: str) -> list[torch.Tensor]:
+    """x, W1, W2, W3 of a two-layer gated MLP (float64 leaves)."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(*s, generator=g, dtype=torch.float64).to(device).requires_grad_()
+            for s in ((37, 16), (16, 24), (16, 24), (24, 16))]
+
+
+def _mlp_backward(row: GatedInfo, form: dict[str, Any], device: str, combine: str = "", hold: bool = False,
+                  retain: bool = False) -> tuple[list[torch.Tensor], list[str], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The MLP's gradients (x, W1, W2, W3) of sum((op(x W1, x W2) W3)^2), the backward ops that ran, and (hold)
+    each gradient reaching the op with a copy taken when it arrived. combine: two such ops, "add"ed (the add
+    hands both the same gradient tensor) or "cat"enated by rows (each gets a view of one gradient); retain:
+    two backwards over one graph, summed."""
+    leaves = _mlp_inputs(device)
+    x, w1, w2, w3 = leaves
+    held: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def gated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        y = wrapper(row)(a, b, **form)
+        if hold:
+            y.register_hook(lambda grad: held.append((grad, grad.clone())))
+        return y
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        h = gated(x @ w1, x @ w2)
+        if combine == "add":
+            h = h + gated(x @ w2, x @ w1)
+        elif combine == "cat":
+            h = torch.cat([h, gated(x @ w2, x @ w1)])
+        loss = (h @ w3).pow(2).sum()
+        grads = torch.autograd.grad(loss, leaves, retain_graph=retain)
+        if retain:
+            grads = tuple(a + b for a, b in zip(grads, torch.autograd.grad(loss, leaves)))
+    ran = sorted(e.name for e in prof.events() if e.name.startswith(f"myns::{row.backward_name}"))
+    return list(grads), ran, held
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("row,form", FORMS)
+def test_backward_writes_grad_gate_over_an_incoming_gradient_nothing_else_holds(row: GatedInfo, form: dict[str, Any],
+                                                                                 device: str) -> None:
+    # One new buffer instead of two: the out= form, grad_gate written into the incoming gradient, runs when only
+    # the backward holds that gradient, with the functional backward's bits; a gradient a hook keeps, the one
+    # the add hands to two ops, or a view while another view of its base waits, is never written (the
+    # functional op runs for it).
+    out_op, functional_op = f"myns::{row.backward_name}_out", f"myns::{row.backward_name}"
+    plain, ran, _ = _mlp_backward(row, form, device)
+    assert ran == [out_op]
+    x, w1, w2, w3 = (t.detach().requires_grad_() for t in _mlp_inputs(device))
+    ref = torch.autograd.grad((row.reference(x @ w1, x @ w2, **form) @ w3).pow(2).sum(), [x, w1, w2, w3])
+    for a, b in zip(plain, ref):
+        torch.testing.assert_close(a, b)
+    kept, ran, held = _mlp_backward(row, form, device, hold=True)
+    assert ran == [functional_op]
+    assert all(torch.equal(a, b) for a, b in zip(plain, kept))
+    assert held and all(torch.equal(grad, copy) for grad, copy in held)
+    for combine in ("add", "cat"):
+        both, ran, _ = _mlp_backward(row, form, device, combine=combine)
+        assert ran == sorted([functional_op, out_op]), combine
+        kept, _, held = _mlp_backward(row, form, device, combine=combine, hold=True)
+        assert all(torch.equal(a, b) for a, b in zip(both, kept)), combine
+        assert len(held) == 2 and all(torch.equal(grad, copy) for grad, copy in held), combine
+    twice, ran, _ = _mlp_backward(row, form, device, retain=True)  # the saved gate and up are never written
+    assert ran == [out_op, out_op]
+    assert all(torch.equal(a, 2 * b) for a, b in zip(twice, plain))
+
+
 # ------------------------------------------------------------------------------------------ CUDA only
 
 

@@ -19,9 +19,9 @@ def _dtype_params(predicate=lambda info: True):
 
 def _outputs(info: OpInfo, args, result):
     """The tensors an op produced: its return value, or the argument an out= op wrote."""
-    if info.mutated_arg is not None:
+    if info.mutated_args:
         assert result is None
-        return (args[info.mutated_arg],)
+        return tuple(args[i] for i in info.mutated_args)
     return result if isinstance(result, tuple) else (result,)
 
 
@@ -39,7 +39,7 @@ def test_matches_float64_reference(info: OpInfo, dtype: torch.dtype, device: str
         for actual, exp, out_dtype, out_strides in zip(outputs, expected, dtypes, strides):
             assert actual.device.type == device and actual.dtype == out_dtype, sample.desc
             assert actual.shape == exp.shape, sample.desc
-            if info.mutated_arg is None:
+            if not info.mutated_args:
                 if out_strides is None:
                     assert actual.is_contiguous(), f"{sample.desc}: output must be a new contiguous tensor"
                 else:
@@ -72,7 +72,7 @@ def test_gradcheck(info: OpInfo, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("info", ops(lambda info: info.mutated_arg is None))  # out= ops make no new tensor
+@pytest.mark.parametrize("info", ops(lambda info: not info.mutated_args))  # out= ops make no new tensor
 def test_fake_matches_real_metadata(info: OpInfo, device: str) -> None:
     for sample in info.sample_inputs(device, torch.float32, False):
         real = _outputs(info, sample.args, info.op(*sample.args, **sample.kwargs))

@@ -33,9 +33,10 @@ def module_source(infos: list[OpInfo]) -> str:
         arguments = info.op._schema.arguments
         params += [f"op{i}_{a.name}: {_ANNOTATIONS[str(a.type)]}" for a in arguments]
         call = f"torch.ops.myns.{info.name}({', '.join(f'op{i}_{a.name}' for a in arguments)})"
-        if info.mutated_arg is not None:
+        if info.mutated_args:
             body.append(call)
-            results.append(f"op{i}_{arguments[info.mutated_arg].name}.clone()")
+            written = [f"op{i}_{arguments[j].name}.clone()" for j in info.mutated_args]
+            results.append(written[0] if len(written) == 1 else f"({', '.join(written)})")
         else:
             body.append(f"r{i} = {call}")
             results.append(f"r{i}")
@@ -65,7 +66,10 @@ def clone_args(args):
 
 def eager_result(info: OpInfo, args):
     result = info.op(*args)
-    return args[info.mutated_arg] if info.mutated_arg is not None else result
+    if not info.mutated_args:
+        return result
+    written = tuple(args[i] for i in info.mutated_args)
+    return written[0] if len(written) == 1 else written
 
 
 @pytest.fixture(autouse=True)

@@ -155,13 +155,13 @@ def _elementwise(op: torch._ops.OpOverload, n_out: int, linear: Sequence[str] | 
 
 
 def _written_keeps_placement(op: torch._ops.OpOverload) -> Callable[..., list[Strategy]]:
-    # A pointwise op writing one argument in place (out=): that argument must keep its placements (DTensor
-    # would otherwise write into a redistributed copy): a rule per placement it has, the other tensors
-    # follow it. On a mesh of several dimensions the rules combine across dimensions;
-    # _keep_mutated_placements drops the combinations that would move it.
+    # A pointwise op writing arguments in place (out=): they must keep their placements (DTensor would
+    # otherwise write into redistributed copies): a rule per placement of the first, every other tensor
+    # following it. On a mesh of several dimensions the rules combine across dimensions;
+    # _keep_mutated_placements drops the combinations that would move a written argument.
     written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    if len(written) != 1 or op._schema.returns:
-        raise AssertionError(f"{op}: the generic pointwise rule handles one written argument and no return")
+    if op._schema.returns:
+        raise AssertionError(f"{op}: the generic pointwise rule handles written arguments and no return")
 
     def rule(*a: Any, **k: Any) -> list[Strategy]:
         args = _Args(op, a, k)

@@ -7,6 +7,10 @@
 // node. Forward mode (jvp) is that backward op again: d out = act'(gate) up dgate + act(gate) dup, which are
 // the grad_gate and grad_up it computes for grad_out = dgate and dup.
 //
+// The backward writes the gate's gradient into the incoming gradient's memory when nothing else can see it
+// (the backward op's out= form): one new buffer instead of two, 128 MiB less at a LLaMA MLP of 8192 tokens x
+// 8192 (Liger overwrites the saved gate and up instead, which a caller may still hold).
+//
 // The backward op is differentiable too (double backward, e.g. Hessian-vector products), in ATen ops: with
 // f, f', f'' the activation and its derivatives at the gate and A, B the grads flowing into (grad_gate,
 // grad_up):
@@ -16,8 +20,11 @@
 //   d grad_gate = d grad_out up f' + grad_out d up f' + grad_out up f'' d gate,
 //   d grad_up = d grad_out f + grad_out f' d gate.
 #include <ATen/TensorOperators.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/string_view.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
@@ -79,6 +86,34 @@ struct GatedAutograd<Row, ExtraArgs<Extra...>> {
                              const std::vector<c10::IValue>& attrs, std::index_sequence<I...>) {
     return backward_op().call(g, x, u, from_attr<Extra>(attrs[I])...);
   }
+  static const auto& backward_out_op() {
+    static const auto handle = find_op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, Extra...,
+                                            const at::Tensor&, const at::Tensor&)>(
+        (std::string("myns::") + Row::kBackwardOutName).c_str());
+    return handle;
+  }
+  template <size_t... I>
+  static void call_backward_out(const at::Tensor& g, const at::Tensor& x, const at::Tensor& u, const at::Tensor& gx,
+                                const at::Tensor& gu, const std::vector<c10::IValue>& attrs, std::index_sequence<I...>) {
+    backward_out_op().call(g, x, u, from_attr<Extra>(attrs[I])..., gx, gu);
+  }
+
+  // Whether the incoming gradient g may take grad_gate: a plain dense tensor of the gate's shape, dtype and
+  // device that only this call holds (no other reference to it or its memory: not kept by a hook, another
+  // node or a Python object, not handed to another edge too), in a backward that records nothing (no
+  // create_graph, no tangents). A view (a linear's gradient reshaped to [b, s, n]) keeps its base, which
+  // nothing else may hold either.
+  static bool may_overwrite(const at::Tensor& g, const at::Tensor& gate, const at::Tensor& up) {
+    if (c10::GradMode::is_enabled() || at::isTensorSubclassLike(g) || g.requires_grad() || !g.has_storage() ||
+        g.use_count() != 1 || !g.is_non_overlapping_and_dense() || g.scalar_type() != gate.scalar_type() ||
+        g.device() != gate.device() || !g.sizes().equals(gate.sizes()) || has_forward_grad(g, gate, up)) {
+      return false;
+    }
+    const bool view = g.is_view();
+    if (view && g._base().use_count() != 1) return false;
+    return g.storage().use_count() == (view ? 2 : 1);
+  }
+
   template <size_t... I>
   static TensorDerivatives saved_derivatives(const at::Tensor& x, const std::vector<c10::IValue>& attrs,
                                              std::index_sequence<I...>) {
@@ -88,6 +123,12 @@ struct GatedAutograd<Row, ExtraArgs<Extra...>> {
   static variable_list backward_formula(const BackwardContext& ctx, const variable_list& saved,
                                         const variable_list& grads) {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    const at::Tensor& g = grads[0];
+    if (ctx.needs_input_grad(0) && may_overwrite(g, saved[0], saved[1])) {
+      const at::Tensor grad_up = at::empty_like(g);
+      call_backward_out(g, saved[0], saved[1], g, grad_up, ctx.attrs, Indices{});
+      return {g, ctx.needs_input_grad(1) ? grad_up : at::Tensor()};
+    }
     // Through the dispatcher (Autograd key included): create_graph=True records the backward op's own node.
     auto [grad_gate, grad_up] = call_backward(grads[0], saved[0], saved[1], ctx.attrs, Indices{});
     return {grad_gate, grad_up};
@@ -137,6 +178,26 @@ struct GatedAutograd<Row, ExtraArgs<Extra...>> {
     return out;
   }
 
+  // The out= form is a mutation: refused where a gradient would be recorded (like torch's out= ops); its
+  // ADInplaceOrView kernel bumps the written tensors' versions.
+  static void backward_out(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up, Extra... extra,
+                           const at::Tensor& grad_gate, const at::Tensor& grad_up) {
+    check_out_variant_not_differentiable(Row::kBackwardOutName, {{"grad_out", grad_out}, {"gate", gate}, {"up", up},
+                                                                 {"grad_gate", grad_gate}, {"grad_up", grad_up}});
+    at::AutoDispatchBelowAutograd guard;
+    backward_out_op().call(grad_out, gate, up, extra..., grad_gate, grad_up);
+  }
+
+  static void backward_out_ad_inplace_or_view(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up,
+                                              Extra... extra, const at::Tensor& grad_gate, const at::Tensor& grad_up) {
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      backward_out_op().call(grad_out, gate, up, extra..., grad_gate, grad_up);
+    }
+    torch::autograd::impl::bump_version(grad_gate);
+    torch::autograd::impl::bump_version(grad_up);
+  }
+
   static Grads backward(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up, Extra... extra) {
     OpNodePtr node;
     if (needs_grad(grad_out, gate, up)) {
@@ -176,7 +237,17 @@ TORCH_LIBRARY_IMPL(myns, Autograd, m) {
   std::apply(
       [&m](auto... rows) {
         ((m.impl(decltype(rows)::kName, &GatedAutograd<decltype(rows)>::forward),
-          m.impl(decltype(rows)::kBackwardName, &GatedAutograd<decltype(rows)>::backward)),
+          m.impl(decltype(rows)::kBackwardName, &GatedAutograd<decltype(rows)>::backward),
+          m.impl(decltype(rows)::kBackwardOutName, &GatedAutograd<decltype(rows)>::backward_out)),
+         ...);
+      },
+      GatedFamily{});
+}
+
+TORCH_LIBRARY_IMPL(myns, ADInplaceOrView, m) {
+  std::apply(
+      [&m](auto... rows) {
+        (m.impl(decltype(rows)::kBackwardOutName, &GatedAutograd<decltype(rows)>::backward_out_ad_inplace_or_view),
          ...);
       },
       GatedFamily{});

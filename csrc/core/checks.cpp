@@ -294,7 +294,8 @@ void check_and_resize_out(const char* op, NamedTensor out, NamedTensor like) {
   at::native::resize_output(out.tensor, like.tensor.sizes());
 }
 
-void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<NamedTensor> inputs) {
+void check_out_overlap(const char* op, NamedTensor out, c10::ArrayRef<NamedTensor> inputs,
+                       c10::ArrayRef<NamedTensor> other_outs) {
   const at::Tensor& o = out.tensor;
   if (o.numel() == 0) return;
   const auto internal = at::has_internal_overlap(o);
@@ -319,6 +320,17 @@ void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<Na
                                            : " (or may: deciding it exactly for these strided views of one storage "
                                              "would take too long)",
                    "; pass the same tensor or a non-overlapping one");
+  }
+  for (const auto& other : other_outs) {
+    const at::Tensor& t = other.tensor;
+    if (t.numel() == 0) continue;
+    const auto status = at::get_overlap_status(o, t);
+    const Overlap shared = status == at::MemOverlapStatus::No        ? Overlap::kNo
+                           : status == at::MemOverlapStatus::TooHard ? shares_memory(o, t)
+                                                                     : Overlap::kYes;
+    TORCHOPS_CHECK(shared == Overlap::kNo, op, out.name, " and ", other.name,
+                   shared == Overlap::kYes ? " share memory" : " may share memory (deciding it would take too long)",
+                   "; each result needs memory of its own");
   }
 }
 

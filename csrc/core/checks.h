@@ -43,8 +43,9 @@ void check_elementwise(const char* op, c10::ArrayRef<NamedTensor> tensors,
 // (e.g. an expanded tensor) nor share any element with an input otherwise: either would make the result
 // depend on the order threads run in. Both are decided exactly for any strides (a bounded search; views
 // sharing no element, such as x[0::2] and x[1::2], are accepted); a layout too costly to decide is
-// refused, saying so.
-void check_out_overlap(const char* op, NamedTensor out, std::initializer_list<NamedTensor> inputs);
+// refused, saying so. Several out= tensors (`other_outs`) must share no element with each other at all.
+void check_out_overlap(const char* op, NamedTensor out, c10::ArrayRef<NamedTensor> inputs,
+                       c10::ArrayRef<NamedTensor> other_outs = {});
 
 // An out= tensor for a result like `like`: defined, of like's device and dtype, and resized to like's shape
 // the way torch's out= ops resize theirs (silently when empty, else with torch's deprecation warning).

@@ -395,12 +395,14 @@ struct GatedNodes {
   const char* backward;
 };
 
-// A gated op: kName and kBackwardName name its schemas, Extra their arguments after the tensors, and
+// A gated op: kName, kBackwardName and kBackwardOutName (the backward written into given tensors) name its
+// schemas, Extra their arguments after the tensors, and
 // with_form(op, fn, extra...) returns fn(Act{}, GatedNodes{...}) for the activation the arguments select,
 // raising under `op`'s name for a value no form has.
 struct Swiglu {
   static constexpr const char* kName = "swiglu";
   static constexpr const char* kBackwardName = "swiglu_backward";
+  static constexpr const char* kBackwardOutName = "swiglu_backward_out";
   using Extra = ExtraArgs<>;
   template <typename Fn>
   static decltype(auto) with_form(const char* /*op*/, Fn&& fn) {
@@ -411,6 +413,7 @@ struct Swiglu {
 struct GeluAndMul {
   static constexpr const char* kName = "gelu_and_mul";
   static constexpr const char* kBackwardName = "gelu_and_mul_backward";
+  static constexpr const char* kBackwardOutName = "gelu_and_mul_backward_out";
   using Extra = ExtraArgs<c10::string_view>;  // approximate: "none" (erf) or "tanh"
   template <typename Fn>
   static decltype(auto) with_form(const char* op, Fn&& fn, c10::string_view approximate) {

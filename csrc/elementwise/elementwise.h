@@ -78,23 +78,29 @@ at::Tensor elementwise(const char* op, const NamedTensor (&inputs)[kIn]) {
   return std::move(elementwise_outputs<Op, Backend>(op, inputs)[0]);
 }
 
-// out= form of a binary op: `out` takes a's dtype and device, is resized to a's shape as torch's out= ops
-// resize theirs, and may alias a or b exactly (each element is read before it is written, by one thread).
-template <typename Op, typename Backend>
-void binary_elementwise_out(const char* op, NamedTensor a, NamedTensor b, NamedTensor out) {
-  check_elementwise_args<Op>(op, {a, b});
-  check_and_resize_out(op, out, a);
-  check_out_overlap(op, out, {a, b});
-  if (out.tensor.numel() == 0) return;
-  const Operands<1, 2> operands{out.tensor, a.tensor, b.tensor};
-  if (fits_strided_layout<3>(operands)) {
-    Backend::template run<Op>(op, operands);
+// out= form: Op's kOut results written into `outs`, which take inputs[0]'s dtype and device, are resized to
+// its shape as torch's out= ops resize theirs, and may each alias an input exactly (every path reads an
+// element and writes it in the same thread) but share no element with each other.
+template <typename Op, typename Backend, size_t kIn>
+void elementwise_out(const char* op, const NamedTensor (&inputs)[kIn], const NamedTensor (&outs)[Op::kOut]) {
+  constexpr size_t kOut = Op::kOut;
+  static_assert(kIn == Op::kIn, "one named tensor per input of the functor");
+  check_elementwise_args<Op>(op, {inputs, inputs + kIn});
+  for (const auto& out : outs) check_and_resize_out(op, out, inputs[0]);
+  for (size_t k = 0; k < kOut; ++k) check_out_overlap(op, outs[k], {inputs, inputs + kIn}, {outs, outs + k});
+  if (outs[0].tensor.numel() == 0) return;
+  Operands<kOut, kIn> operands;
+  for (size_t k = 0; k < kOut; ++k) operands[k] = outs[k].tensor;
+  for (size_t k = 0; k < kIn; ++k) operands[kOut + k] = inputs[k].tensor;
+  if (fits_strided_layout<static_cast<int>(kOut + kIn)>(operands)) {
+    Backend::template run<Op>(op, std::as_const(operands));
     return;
   }
-  // A dense result in a's dense copy (an exact alias, which kernels allow), then copied into out.
-  at::Tensor result = a.tensor.clone(at::MemoryFormat::Contiguous);
-  Backend::template run<Op>(op, Operands<1, 2>{result, result, b.tensor.contiguous()});
-  out.tensor.copy_(result);
+  // Dense results of dense copies of the inputs, then copied into outs.
+  for (size_t k = 0; k < kOut; ++k) operands[k] = Backend::empty_like_dense(inputs[0].tensor);
+  for (size_t k = kOut; k < kOut + kIn; ++k) operands[k] = operands[k].contiguous();
+  Backend::template run<Op>(op, std::as_const(operands));
+  for (size_t k = 0; k < kOut; ++k) outs[k].tensor.copy_(operands[k]);
 }
 
 // The kernels of a binary row (activations.h) on a backend: op(a, b) and op_out(a, b, out).
@@ -107,7 +113,7 @@ struct BinaryKernels {
   }
 
   static void forward_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
-    binary_elementwise_out<Op, Backend>(Row::kOutName, {"a", a}, {"b", b}, {"out", out});
+    elementwise_out<Op, Backend>(Row::kOutName, {{"a", a}, {"b", b}}, {{"out", out}});
   }
 
   static void register_kernels(torch::Library& m) {

@@ -40,9 +40,22 @@ struct GatedKernels<Backend, Row, ExtraArgs<Extra...>> {
         extra...);
   }
 
+  static void backward_out(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up, Extra... extra,
+                           const at::Tensor& grad_gate, const at::Tensor& grad_up) {
+    Row::with_form(
+        Row::kBackwardOutName,
+        [&](auto act, GatedNodes) {
+          elementwise_out<GatedBackward<decltype(act)>, Backend>(
+              Row::kBackwardOutName, {{"grad_out", grad_out}, {"gate", gate}, {"up", up}},
+              {{"grad_gate", grad_gate}, {"grad_up", grad_up}});
+        },
+        extra...);
+  }
+
   static void register_kernels(torch::Library& m) {
     m.impl(Row::kName, &forward);
     m.impl(Row::kBackwardName, &backward);
+    m.impl(Row::kBackwardOutName, &backward_out);
   }
 };
 

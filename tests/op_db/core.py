@@ -57,7 +57,7 @@ class OpInfo:
     # (device, dtype, n) -> args whose sizes scale with n: used to check one compiled graph serves all n.
     sized_inputs: Callable[[str, torch.dtype, int], tuple[Any, ...]]
     differentiable: bool = True
-    mutated_arg: int | None = None  # out= ops: index of the argument written (the op returns nothing)
+    mutated_args: tuple[int, ...] = ()  # ops that write arguments: their indices (the op returns nothing)
     # dtype of each output for a sample; None: every output has the sample's dtype.
     output_dtypes: Callable[[Sample], tuple[torch.dtype, ...]] | None = None
     # strides of each output for a sample (None in place of a stride tuple: contiguous); None: every output

@@ -162,6 +162,12 @@ class GatedInfo:
     def backward_name(self) -> str:
         return f"{self.name}_backward"
 
+    @property
+    def written(self) -> tuple[int, int]:
+        """The positions of grad_gate and grad_up in the backward's out= form: after the tensors and the form."""
+        first = 3 + len(self.forms[0])
+        return first, first + 1
+
     def reference(self, gate: torch.Tensor, up: torch.Tensor, **form: Any) -> torch.Tensor:
         return self.act(gate, **form) * up
 
@@ -339,19 +345,80 @@ def _gated_backward_errors(row: GatedInfo, device: str) -> list[ErrorInput]:
     return cases
 
 
+def _as_out_sample(row: GatedInfo, sample: Sample, grad_gate: torch.Tensor, grad_up: torch.Tensor, desc: str) -> Sample:
+    """A backward sample as the out= form takes it: the form's arguments positional, then the two results."""
+    form = [sample.kwargs.get(name, default) for name, default in row.forms[0].items()]
+    return Sample((*sample.args, *form, grad_gate, grad_up), desc=f"{sample.desc}; {desc}")
+
+
+def _gated_backward_out_samples(row: GatedInfo, device: str, dtype: torch.dtype, requires_grad: bool) -> list[Sample]:
+    # New poisoned results (transposed where 2-D), then results that are inputs exactly: grad_gate in
+    # grad_out (what the backward does with a gradient nothing else holds) and grad_up in up.
+    samples = []
+    for i, s in enumerate(_gated_backward_samples(row, device, dtype, False)):
+        grad_out, gate, up = s.args
+        if i % 2 == 0 or 0 in grad_out.stride() or 0 in up.stride():
+            new = lambda: poison_(make_layout(tuple(gate.shape), dtype, device,  # noqa: E731
+                                              "transposed" if gate.dim() == 2 else "contiguous"))
+            samples.append(_as_out_sample(row, s, new(), new(), "new results"))
+        else:
+            samples.append(_as_out_sample(row, s, grad_out, up, "grad_gate is grad_out, grad_up is up"))
+    return samples
+
+
+def _gated_backward_out_reference(row: GatedInfo, grad_out: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+                                  *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return row.backward_reference(grad_out, gate, up, **dict(zip(row.forms[0], rest[:-2])))
+
+
+def _gated_backward_out_errors(row: GatedInfo, device: str) -> list[ErrorInput]:
+    f32 = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    op = f"{row.backward_name}_out"
+    e = functools.partial(expect, op)
+    form = tuple(row.forms[0].values())
+    call = lambda g, x, u, gg, gu: (g, x, u, *form, gg, gu)  # noqa: E731
+    cases = _binary_metadata_errors(op, device, lambda a, b: call(a, b, a.clone(), a.clone(), a.clone()), FLOAT_DTYPES,
+                                    names=("grad_out", "gate"))
+    base = f32(9)
+    cases += [
+        e(Sample(call(f32(4), f32(4), f32(4), f32(4).double(), f32(4))), "same_dtype", x="grad_out", y="grad_gate",
+          x_dtype=torch.float32, y_dtype=torch.float64),
+        e(Sample(call(f32(4), f32(4), f32(4), f32(4), f32(4).half())), "same_dtype", x="grad_out", y="grad_up",
+          x_dtype=torch.float32, y_dtype=torch.float16),
+        e(Sample(call(f32(3), f32(3), f32(3), f32(1).expand(3), f32(3))), "internal_overlap", x="grad_gate",
+          on_fake=False),
+        e(Sample(call(f32(8), base[1:], f32(8), base[:-1], f32(8))), "partial_overlap", x="grad_gate", y="gate",
+          on_fake=False),
+        e(Sample(call(f32(9), f32(9), f32(9), base, base)), "outs_share_memory", x="grad_up", y="grad_gate",
+          on_fake=False),
+        e(Sample(call(f32(3), f32(3).requires_grad_(), f32(3), f32(3), f32(3))), "out_requires_grad", x="gate"),
+    ]
+    cases += [e(Sample((f32(4),) * 3 + tuple(kwargs.values()) + (f32(4), f32(4))), key, **fields)
+              for kwargs, key, fields in row.form_errors]
+    return cases
+
+
 def _gated_sized(row: GatedInfo, tensors: int, device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
     """`tensors` (n, 3) tensors, then every extra schema argument in the last (non-default) form."""
     return (*(random_tensor((n, 3), dtype, device) for _ in range(tensors)), *row.forms[-1].values())
 
 
+def _gated_out_sized(row: GatedInfo, device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
+    return (*_gated_sized(row, 3, device, dtype, n), *(torch.empty((n, 3), dtype=dtype, device=device) for _ in "gu"))
+
+
 def _gated_op_infos(row: GatedInfo) -> list[OpInfo]:
-    """The op and its backward op (differentiable too: the double backward is gradchecked)."""
+    """The op, its backward op (differentiable too: the double backward is gradchecked) and the backward's
+    out= form."""
     p = functools.partial
     return [
         OpInfo(row.name, FLOAT_DTYPES, p(_gated_samples, row), row.reference, p(_gated_errors, row),
                p(_gated_sized, row, 2)),
         OpInfo(row.backward_name, FLOAT_DTYPES, p(_gated_backward_samples, row), row.backward_reference,
                p(_gated_backward_errors, row), p(_gated_sized, row, 3)),
+        OpInfo(f"{row.backward_name}_out", FLOAT_DTYPES, p(_gated_backward_out_samples, row),
+               p(_gated_backward_out_reference, row), p(_gated_backward_out_errors, row), p(_gated_out_sized, row),
+               differentiable=False, mutated_args=row.written),
     ]
 
 
@@ -360,5 +427,5 @@ OPS: list[OpInfo] = [
     OpInfo("vector_add", FLOAT_AND_INT_DTYPES, vector_add_samples, vector_add_reference, vector_add_errors,
            pair_sized),
     OpInfo("vector_add_out", FLOAT_AND_INT_DTYPES, vector_add_out_samples, vector_add_out_reference,
-           vector_add_out_errors, vector_add_out_sized, differentiable=False, mutated_arg=2),
+           vector_add_out_errors, vector_add_out_sized, differentiable=False, mutated_args=(2,)),
 ] + [info for row in GATED for info in _gated_op_infos(row)]

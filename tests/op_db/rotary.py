@@ -480,7 +480,7 @@ OPS: list[OpInfo] = [
     # inference only: its Autograd kernel refuses inputs that require grad; query is written (key too:
     # tests/test_rotary_embedding.py)
     OpInfo("rotary_embedding_", FLOAT_DTYPES, rotary_inplace_samples, rotary_inplace_reference,
-           rotary_inplace_errors, rotary_inplace_sized, differentiable=False, mutated_arg=1),
+           rotary_inplace_errors, rotary_inplace_sized, differentiable=False, mutated_args=(1,)),
     OpInfo("qk_norm_rope", FLOAT_DTYPES, qk_norm_rope_samples, qk_norm_rope_reference, qk_norm_rope_errors,
            qk_norm_rope_sized, differentiable=False, output_strides=_layouts_of(0)),
     # double backward is refused by its Autograd kernel
