@@ -207,5 +207,5 @@ def write_out(op: str, like: Named, out: Named) -> None:
         from torch._dynamo.exc import Unsupported
 
         raise Unsupported(f"myns::{op}: {out[0]} of shape {list(out[1].shape)} would be resized to {like[0]}'s "
-                          f"shape {list(like[1].shape)}, which a traced graph cannot do; pass an {out[0]} of that shape")
+                          f"shape {list(like[1].shape)}, which a traced graph cannot do; pass a tensor of that shape")
     out[1].resize_(like[1].shape)

@@ -116,14 +116,23 @@ variable_list OpNode::apply_with_saved(const variable_list& inputs,
 }
 #endif
 
+namespace {
+
+// Each tensor's gradient edge (an empty edge for an undefined one).
+torch::autograd::edge_list edges_of(std::initializer_list<at::Tensor> tensors) {
+  torch::autograd::edge_list edges;
+  edges.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    edges.push_back(t.defined() ? torch::autograd::impl::gradient_edge(t) : torch::autograd::Edge());
+  }
+  return edges;
+}
+
+}  // namespace
+
 OpNodePtr make_op_node(const char* name, BackwardFormula formula, std::initializer_list<at::Tensor> edges) {
   OpNodePtr node = make_node<OpNode>(name, formula);
-  torch::autograd::edge_list next_edges;
-  next_edges.reserve(edges.size());
-  for (const auto& t : edges) {
-    next_edges.push_back(t.defined() ? torch::autograd::impl::gradient_edge(t) : torch::autograd::Edge());
-  }
-  node->set_next_edges(std::move(next_edges));
+  node->set_next_edges(edges_of(edges));
   return node;
 }
 
@@ -146,9 +155,7 @@ variable_list refuse_differentiation(const BackwardContext& ctx, const variable_
 
 OpNodePtr make_refusing_node(const char* name, const char* op, const char* hint,
                              std::initializer_list<at::Tensor> edges) {
-  OpNodePtr node = make_op_node(name, &refuse_differentiation, edges);
-  node->attrs = {std::string(op), std::string(hint)};
-  return node;
+  return make_refusing_node(name, op, hint, edges_of(edges));
 }
 
 OpNodePtr make_refusing_node(const char* name, const char* op, const char* hint, torch::autograd::edge_list edges) {

@@ -294,6 +294,19 @@ void check_and_resize_out(const char* op, NamedTensor out, NamedTensor like) {
   at::native::resize_output(out.tensor, like.tensor.sizes());
 }
 
+namespace {
+
+// Whether two views share an element: PyTorch's answer where it has one (dense tensors), the exact search for
+// strided views it can't decide.
+Overlap shared_elements(const at::Tensor& a, const at::Tensor& b) {
+  const auto status = at::get_overlap_status(a, b);
+  return status == at::MemOverlapStatus::No ? Overlap::kNo
+         : status == at::MemOverlapStatus::TooHard ? shares_memory(a, b)
+                                                   : Overlap::kYes;
+}
+
+}  // namespace
+
 void check_out_overlap(const char* op, NamedTensor out, c10::ArrayRef<NamedTensor> inputs,
                        c10::ArrayRef<NamedTensor> other_outs) {
   const at::Tensor& o = out.tensor;
@@ -310,11 +323,7 @@ void check_out_overlap(const char* op, NamedTensor out, c10::ArrayRef<NamedTenso
   for (const auto& in : inputs) {
     const at::Tensor& i = in.tensor;
     if (i.numel() == 0 || same_view(o, i)) continue;
-    // PyTorch's answer where it has one (dense tensors); the exact search for strided views it can't decide.
-    const auto status = at::get_overlap_status(o, i);
-    const Overlap shared = status == at::MemOverlapStatus::No        ? Overlap::kNo
-                           : status == at::MemOverlapStatus::TooHard ? shares_memory(o, i)
-                                                                     : Overlap::kYes;
+    const Overlap shared = shared_elements(o, i);
     TORCHOPS_CHECK(shared == Overlap::kNo, op, out.name, " partially overlaps ", in.name,
                    shared == Overlap::kYes ? " (they share memory but are not the same view)"
                                            : " (or may: deciding it exactly for these strided views of one storage "
@@ -322,12 +331,8 @@ void check_out_overlap(const char* op, NamedTensor out, c10::ArrayRef<NamedTenso
                    "; pass the same tensor or a non-overlapping one");
   }
   for (const auto& other : other_outs) {
-    const at::Tensor& t = other.tensor;
-    if (t.numel() == 0) continue;
-    const auto status = at::get_overlap_status(o, t);
-    const Overlap shared = status == at::MemOverlapStatus::No        ? Overlap::kNo
-                           : status == at::MemOverlapStatus::TooHard ? shares_memory(o, t)
-                                                                     : Overlap::kYes;
+    if (other.tensor.numel() == 0) continue;
+    const Overlap shared = shared_elements(o, other.tensor);
     TORCHOPS_CHECK(shared == Overlap::kNo, op, out.name, " and ", other.name,
                    shared == Overlap::kYes ? " share memory" : " may share memory (deciding it would take too long)",
                    "; each result needs memory of its own");

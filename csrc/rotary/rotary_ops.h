@@ -37,6 +37,11 @@ struct RotaryOps {
                           : backend_empty_like<Backend>(like);
   }
 
+  // empty_in_layout_of(like) where wanted, else the [0]-shaped placeholder of an output not asked for.
+  static at::Tensor empty_in_layout_if(bool wanted, const at::Tensor& like) {
+    return wanted ? empty_in_layout_of(like) : backend_empty_if<Backend>(false, {}, like.scalar_type(), like);
+  }
+
   // The rotation of q and k (named as the op names them) into new outputs in their layouts.
   static RotaryCall rotation(const char* op, NamedTensor q, NamedTensor k, const at::Tensor& cos,
                              const at::Tensor& sin, int64_t unsqueeze_dim, bool interleaved, bool transposed) {
@@ -121,8 +126,8 @@ struct RotaryOps {
       check_like(op, {"k", k}, {"grad_k_out", *grad_k_out});
       call.grad_k = head_rows(*grad_k_out, call.rope.shape);
     }
-    call.grad_q_in = has_q && input_grad ? empty_in_layout_of(q) : backend_empty_if<Backend>(false, {}, q.scalar_type(), q);
-    call.grad_k_in = has_k && input_grad ? empty_in_layout_of(k) : backend_empty_if<Backend>(false, {}, k.scalar_type(), k);
+    call.grad_q_in = empty_in_layout_if(has_q && input_grad, q);
+    call.grad_k_in = empty_in_layout_if(has_k && input_grad, k);
     call.grad_q_weight =
         backend_empty_if<Backend>(has_q && weight_grad, q_weight.sizes(), q_weight.scalar_type(), q);
     call.grad_k_weight =

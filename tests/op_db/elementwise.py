@@ -404,7 +404,7 @@ def _gated_sized(row: GatedInfo, tensors: int, device: str, dtype: torch.dtype, 
 
 
 def _gated_out_sized(row: GatedInfo, device: str, dtype: torch.dtype, n: int) -> tuple[Any, ...]:
-    return (*_gated_sized(row, 3, device, dtype, n), *(torch.empty((n, 3), dtype=dtype, device=device) for _ in "gu"))
+    return (*_gated_sized(row, 3, device, dtype, n), *(torch.empty((n, 3), dtype=dtype, device=device) for _ in range(2)))
 
 
 def _gated_op_infos(row: GatedInfo) -> list[OpInfo]:
